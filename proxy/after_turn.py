@@ -1,0 +1,75 @@
+"""After a response: ask the strategy whether to summarize or compact, and do it in the
+background. Nothing here can fail or delay the request that triggered it."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from proxy.services import Services
+from proxy.summarizer import SummarizerBusy, SummarizerError, run_plan
+from proxy.turns import Turn, current_turn_start
+from storage.base import StoreUnavailable
+from strategies.base import SummarizePlan
+from strategies.records import AppendResult
+
+logger = logging.getLogger("memory_proxy.after_turn")
+
+
+def live_tokens(turn: Turn) -> int:
+    """The live window after this turn: what was sent plus the reply, calibrated."""
+    reply = sum(r.tokens for r in turn.appended if r.role == "assistant")
+    return round((turn.window.tokens + reply) * (turn.context.calibration or 1.0))
+
+
+def schedule_after_turn(
+    services: Services, turn: Turn, result: AppendResult, headers: dict[str, str]
+) -> SummarizePlan | None:
+    services.remember_credentials(turn.key, headers)
+    kept = [m for m in turn.context.messages if m.seq and m not in turn.appended]
+    messages = [*kept, *(r for r in turn.appended if r not in kept)]
+    messages.sort(key=lambda m: m.seq)
+    context = dataclasses.replace(
+        turn.context,
+        messages=messages,
+        current_turn_start=current_turn_start(messages),
+        calibration=result.meta.calibration or turn.context.calibration,
+    )
+    plan = turn.strategy.after_turn(context, live_tokens(turn))
+    if plan is None:
+        return None
+    services.spawn(
+        summarize_in_background(services, turn, plan, headers, result.meta.boundary_seq),
+        name=f"after-turn:{turn.key.session}",
+    )
+    return plan
+
+
+async def summarize_in_background(
+    services: Services, turn: Turn, plan: SummarizePlan, headers: dict[str, str], boundary: int
+) -> None:
+    try:
+        record = await run_plan(
+            services,
+            turn.key,
+            turn.agent,
+            turn.model,
+            plan,
+            headers=headers,
+            context_window=turn.context_window,
+            expect_boundary=boundary if plan.kind == "compaction" else None,
+        )
+    except SummarizerBusy:
+        logger.info("%s: compaction already running elsewhere", turn.key.session)
+        return
+    except (SummarizerError, StoreUnavailable) as exc:
+        # the next turn's window stays valid without it (the strategy trims safely)
+        logger.warning("%s: %s %s failed: %s", turn.key.session, plan.kind, plan.reason, exc)
+        return
+    if record is None:
+        logger.info("%s: boundary moved; %s skipped", turn.key.session, plan.kind)
+    else:
+        logger.info(
+            "%s: %s of messages %d-%d stored (%d tokens)",
+            turn.key.session, plan.kind, record.from_seq, record.to_seq, record.tokens,
+        )

@@ -1,0 +1,152 @@
+"""The app factory: ``create_app(settings, *, store=None, upstream=None) -> Starlette``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from proxy import model_info
+from proxy.agents import AgentRegistry
+from proxy.chat import chat_completions, forwarded_headers
+from proxy.compact import compact_session
+from proxy.errors import ProxyError
+from proxy.memory_api import list_sessions, session_memory
+from proxy.metrics import metrics_endpoint
+from proxy.responses import (
+    http_error_handler,
+    json_response,
+    proxy_error_handler,
+    unexpected_error_handler,
+)
+from proxy.services import Services
+from proxy.settings import Settings
+from proxy.summarizer import CallBudget
+from proxy.upstream.base import Upstream
+from storage.base import Store
+from storage.registry import open_store
+from strategies.mapper import load_mapper
+
+logger = logging.getLogger("memory_proxy")
+
+
+def build_upstream(settings: Settings) -> Upstream:
+    from proxy.upstream.litellm_upstream import LitellmUpstream
+    from proxy.upstream.openai_http import OpenAIUpstream
+    from proxy.upstream.router import RoutedUpstream
+
+    direct = OpenAIUpstream(
+        settings.upstream_url, api_key=settings.upstream_key(), timeout=settings.upstream_timeout
+    )
+    return RoutedUpstream(direct, lambda: LitellmUpstream(api_key=settings.upstream_key()))
+
+
+async def health(request: Request) -> Response:
+    return json_response({"status": "ok"})
+
+
+async def ready(request: Request) -> Response:
+    services: Services = request.app.state.services
+    try:
+        reachable = await asyncio.wait_for(services.store.ping(), timeout=2.0)
+    except (TimeoutError, Exception):  # any failure means not ready; the reason is logged
+        logger.warning("readiness check: store did not answer", exc_info=True)
+        reachable = False
+    if reachable:
+        return json_response({"status": "ready", "store": "ok"})
+    return json_response(
+        {"status": "unavailable", "store": "unreachable"},
+        status_code=503,
+        headers={"Retry-After": "1"},
+    )
+
+
+async def models(request: Request) -> Response:
+    services: Services = request.app.state.services
+    response = await services.upstream.models(forwarded_headers(request))
+    return Response(
+        response.body,
+        status_code=response.status_code,
+        media_type=response.headers.get("content-type", "application/json"),
+    )
+
+
+def routes() -> list[BaseRoute]:
+    chat_paths = [
+        "/v1/chat/completions",
+        "/chat/completions",
+        "/agents/{agent}/v1/chat/completions",
+        "/agents/{agent}/sessions/{session}/v1/chat/completions",
+    ]
+    model_paths = [
+        "/v1/models",
+        "/agents/{agent}/v1/models",
+        "/agents/{agent}/sessions/{session}/v1/models",
+    ]
+    found: list[BaseRoute] = [Route(p, chat_completions, methods=["POST"]) for p in chat_paths]
+    found += [Route(p, models, methods=["GET"]) for p in model_paths]
+    found += [
+        Route("/health", health, methods=["GET"]),
+        Route("/ready", ready, methods=["GET"]),
+        Route("/metrics", metrics_endpoint, methods=["GET"]),
+        Route("/memory/{agent}", list_sessions, methods=["GET"]),
+        Route("/memory/{agent}/{session}", session_memory, methods=["GET"]),
+        Route(
+            "/admin/api/agents/{agent}/sessions/{session}/compact",
+            compact_session,
+            methods=["POST"],
+        ),
+    ]
+    with contextlib.suppress(ImportError):
+        from proxy.admin import admin_routes
+
+        found += admin_routes()
+    return found
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    store: Store | None = None,
+    upstream: Upstream | None = None,
+) -> Starlette:
+    settings = settings or Settings()
+    services = Services(
+        settings=settings,
+        store=store or open_store(settings.store_url),
+        upstream=upstream or build_upstream(settings),
+        agents=AgentRegistry(settings.agents_dir),
+        mapper=load_mapper(settings.mapper),
+        summarizer_budget=CallBudget(settings.summarizer_calls_per_hour),
+    )
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        services.agents.load()
+        await asyncio.to_thread(model_info.preload)
+        await services.store.open()
+        await services.upstream.start()
+        services.started = True
+        try:
+            yield
+        finally:
+            await services.drain()
+            await services.upstream.close()
+            await services.store.close()
+
+    handlers: dict[Any, Any] = {
+        ProxyError: proxy_error_handler,
+        HTTPException: http_error_handler,
+        Exception: unexpected_error_handler,
+    }
+    app = Starlette(routes=routes(), lifespan=lifespan, exception_handlers=handlers)
+    app.state.services = services
+    return app

@@ -1,0 +1,184 @@
+"""``POST /v1/chat/completions``: the memory turn around one upstream call."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from proxy import history_sync
+from proxy.after_turn import schedule_after_turn
+from proxy.errors import BadRequest, ProxyError, UpstreamError
+from proxy.identity import bearer_key, identify
+from proxy.requests import parse_json_object, read_body
+from proxy.services import Services
+from proxy.streaming import ReplyAccumulator
+from proxy.turns import Turn, persist_turn, prepare_turn
+from proxy.upstream.base import UpstreamRequest, UpstreamStream
+
+logger = logging.getLogger("memory_proxy.chat")
+
+# headers a provider may need, forwarded as sent; everything else stays at the proxy
+FORWARDED_HEADERS = (
+    "authorization",
+    "api-key",
+    "x-api-key",
+    "openai-organization",
+    "openai-project",
+    "openai-beta",
+    "anthropic-version",
+    "anthropic-beta",
+)
+OWN_METADATA = ("agent_id", "session_id")
+DONE = b"data: [DONE]\n\n"
+SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+def forwarded_headers(request: Request) -> dict[str, str]:
+    headers = request.headers
+    return {name: headers[name] for name in FORWARDED_HEADERS if name in headers}
+
+
+def upstream_body(body: dict[str, Any], messages: list[dict[str, Any]] | None) -> dict[str, Any]:
+    out = dict(body)
+    if messages is not None:
+        out["messages"] = messages
+    metadata = out.get("metadata")
+    if isinstance(metadata, dict) and any(k in metadata for k in OWN_METADATA):
+        rest = {k: v for k, v in metadata.items() if k not in OWN_METADATA}
+        if rest:
+            out["metadata"] = rest
+        else:
+            out.pop("metadata")
+    return out
+
+
+def error_event(exc: ProxyError) -> bytes:
+    return b"data: " + exc.body() + b"\n\n"
+
+
+async def chat_completions(request: Request) -> Response:
+    services: Services = request.app.state.services
+    raw = await read_body(request, services.settings.max_body_bytes)
+    body = parse_json_object(raw)
+    messages = history_sync.validate_messages(body.get("messages"))
+    if "stream" in body and not isinstance(body["stream"], bool):
+        raise BadRequest("'stream' must be a boolean", param="stream")
+    streaming = body.get("stream") is True
+    headers = forwarded_headers(request)
+
+    if request.headers.get("x-memory", "").lower() == "off":
+        return await forward(services, UpstreamRequest(upstream_body(body, None), headers), streaming, None)
+
+    system, conversation = history_sync.split_system(messages)
+    identity = identify(
+        path_params=request.path_params,
+        headers=request.headers,
+        body=body,
+        api_key=bearer_key(request.headers.get("authorization")),
+        system=system,
+        conversation=conversation,
+    )
+    turn = await prepare_turn(
+        services,
+        identity=identity,
+        body=body,
+        system=system,
+        conversation=conversation,
+        history_header=request.headers.get("x-memory-history"),
+    )
+    out = upstream_body(body, turn.messages)
+    client_wants_usage = False
+    if streaming:
+        options = out.get("stream_options")
+        client_wants_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+        # usage calibrates the token estimate; it is stripped again if the client did not ask
+        out["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+    return await forward(
+        services, UpstreamRequest(out, headers), streaming, turn, client_wants_usage=client_wants_usage
+    )
+
+
+async def forward(
+    services: Services,
+    upstream_request: UpstreamRequest,
+    streaming: bool,
+    turn: Turn | None,
+    *,
+    client_wants_usage: bool = True,
+) -> Response:
+    extra = turn.headers if turn is not None else {}
+    if not streaming:
+        response = await services.upstream.chat(upstream_request)
+        if turn is not None:
+            accumulator = ReplyAccumulator()
+            try:
+                accumulator.add_response(orjson.loads(response.body))
+            except (orjson.JSONDecodeError, TypeError, AttributeError):
+                logger.warning("upstream reply is not a chat completion; not stored")
+            else:
+                await finish_turn(services, turn, accumulator, upstream_request.headers)
+        return Response(
+            response.body,
+            status_code=response.status_code,
+            media_type="application/json",
+            headers=extra,
+        )
+
+    stream = await services.upstream.chat_stream(upstream_request)
+    return StreamingResponse(
+        relay(services, stream, turn, client_wants_usage, upstream_request.headers),
+        media_type="text/event-stream",
+        headers={**SSE_HEADERS, **extra},
+    )
+
+
+async def relay(
+    services: Services,
+    stream: UpstreamStream,
+    turn: Turn | None,
+    client_wants_usage: bool,
+    headers: dict[str, str],
+) -> AsyncIterator[bytes]:
+    """Forward events as they arrive; store the reply before the closing ``[DONE]`` so a
+    client that saw ``[DONE]`` can count on the turn being stored."""
+    accumulator = ReplyAccumulator()
+    try:
+        try:
+            async for event in stream:
+                if event.done:
+                    break
+                if turn is not None and event.data[:1] == b"{":
+                    chunk = orjson.loads(event.data)
+                    accumulator.add_chunk(chunk)
+                    if not client_wants_usage and chunk.get("usage") and not chunk.get("choices"):
+                        continue
+                yield event.raw
+            else:
+                if turn is not None and not accumulator.complete:
+                    raise UpstreamCut("upstream stream ended before the reply was complete")
+            if turn is not None:
+                await finish_turn(services, turn, accumulator, headers)
+        except ProxyError as exc:
+            logger.warning("stream ended with an error: %s", exc.message)
+            yield error_event(exc)
+            return
+        yield DONE
+    finally:
+        await stream.aclose()
+
+
+class UpstreamCut(UpstreamError):
+    code = "upstream_stream_cut"
+
+
+async def finish_turn(
+    services: Services, turn: Turn, accumulator: ReplyAccumulator, headers: dict[str, str]
+) -> None:
+    reply = accumulator.message()
+    result = await persist_turn(services, turn, reply, usage=accumulator.usage)
+    schedule_after_turn(services, turn, result, headers)

@@ -1,0 +1,130 @@
+"""Errors of the proxy, each rendered as OpenAI-shaped JSON by one handler.
+
+ProxyError
+ ├── BadRequest (400, invalid_request_error)
+ │    └── InvalidMemoryConfig (400, param names the field)
+ ├── Unauthorized (401, authentication_error)
+ ├── Forbidden (403, permission_error)
+ ├── NotFound (404, not_found_error)
+ ├── PayloadTooLarge (413, invalid_request_error)
+ ├── StoreUnavailableError (503, service_unavailable, with Retry-After)
+ └── UpstreamError
+      ├── UpstreamStatusError (the upstream's own status and body, passed through)
+      ├── UpstreamConnectError (502)
+      └── UpstreamTimeout (504)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+
+class ProxyError(Exception):
+    status_code = 500
+    error_type = "server_error"
+    code: str | None = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+        self.headers = headers or {}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.error_type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def body(self) -> bytes:
+        return orjson.dumps(self.to_dict())
+
+
+class BadRequest(ProxyError):
+    status_code = 400
+    error_type = "invalid_request_error"
+
+
+class InvalidMemoryConfig(BadRequest):
+    code = "invalid_memory_config"
+
+
+class Unauthorized(ProxyError):
+    status_code = 401
+    error_type = "authentication_error"
+    code = "invalid_admin_token"
+
+
+class Forbidden(ProxyError):
+    status_code = 403
+    error_type = "permission_error"
+
+
+class NotFound(ProxyError):
+    status_code = 404
+    error_type = "not_found_error"
+
+
+class PayloadTooLarge(ProxyError):
+    status_code = 413
+    error_type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class StoreUnavailableError(ProxyError):
+    status_code = 503
+    error_type = "service_unavailable"
+    code = "memory_store_unavailable"
+
+    def __init__(self, message: str, *, retry_after: int = 1) -> None:
+        super().__init__(message, headers={"Retry-After": str(retry_after)})
+
+
+class UpstreamError(ProxyError):
+    status_code = 502
+    error_type = "upstream_error"
+
+
+class UpstreamStatusError(UpstreamError):
+    """The upstream answered with an error status: its status and body pass through."""
+
+    def __init__(self, message: str, *, status_code: int, body: bytes, content_type: str) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.raw_body = body
+        self.content_type = content_type
+
+    def body(self) -> bytes:
+        if self.content_type.startswith("application/json") and self.raw_body:
+            return self.raw_body
+        # a non-JSON error page: wrap it so clients still get OpenAI's shape
+        text = self.raw_body.decode("utf-8", "replace")[:2000] or self.message
+        return orjson.dumps(
+            {"error": {"message": text, "type": "upstream_error", "param": None,
+                       "code": str(self.status_code)}}
+        )
+
+
+class UpstreamConnectError(UpstreamError):
+    status_code = 502
+    code = "upstream_unreachable"
+
+
+class UpstreamTimeout(UpstreamError):
+    status_code = 504
+    code = "upstream_timeout"

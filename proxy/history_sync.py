@@ -1,0 +1,168 @@
+"""History sync: which of a request's messages are new to the stored log.
+
+Full-history clients resend the whole conversation; their messages are matched against
+the stored log by chain hashes of canonical fingerprints (one store round trip). Delta
+clients send only the new turn. A client that rewinds (regenerate, edit) supersedes the
+stored messages after the common prefix: they are kept, never sent again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import orjson
+
+from proxy.errors import BadRequest
+from strategies.records import SessionSnapshot, chain_hash
+
+SyncMode = Literal["full", "delta"]
+SYSTEM_ROLES = ("system", "developer")
+CONVERSATION_ROLES = ("user", "assistant", "tool", "system", "developer")
+
+
+def validate_messages(messages: Any) -> list[dict[str, Any]]:
+    """Shape checks the proxy relies on; anything else passes through to the upstream."""
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty array", param="messages")
+    for index, message in enumerate(messages):
+        param = f"messages[{index}]"
+        if not isinstance(message, dict):
+            raise BadRequest(f"{param} must be an object", param=param)
+        role = message.get("role")
+        if role not in CONVERSATION_ROLES:
+            raise BadRequest(
+                f"{param}.role must be one of {', '.join(CONVERSATION_ROLES)}; got {role!r}",
+                param=f"{param}.role",
+            )
+        content = message.get("content")
+        if content is not None and not isinstance(content, str | list):
+            raise BadRequest(f"{param}.content must be a string or an array", param=f"{param}.content")
+        if isinstance(content, list) and not all(isinstance(p, dict) for p in content):
+            raise BadRequest(f"{param}.content parts must be objects", param=f"{param}.content")
+        if role == "tool" and not isinstance(message.get("tool_call_id"), str):
+            raise BadRequest(f"{param}.tool_call_id is required for tool messages", param=f"{param}.tool_call_id")
+        calls = message.get("tool_calls")
+        if calls is not None:
+            if role != "assistant" or not isinstance(calls, list):
+                raise BadRequest(f"{param}.tool_calls must be an array on an assistant message", param=f"{param}.tool_calls")
+            for call in calls:
+                if not isinstance(call, dict) or not isinstance(call.get("id"), str):
+                    raise BadRequest(f"{param}.tool_calls entries need an id", param=f"{param}.tool_calls")
+    return messages
+
+
+def split_system(messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Leading system/developer messages are the system prompt; the rest is conversation."""
+    cut = 0
+    while cut < len(messages) and messages[cut].get("role") in SYSTEM_ROLES:
+        cut += 1
+    return messages[:cut], messages[cut:]
+
+
+def _canonical_content(content: Any) -> Any:
+    if content is None or content == "":
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        # a list of text parts is the same message as the joined string
+        if all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+            return "".join(str(p.get("text", "")) for p in content)
+        return [
+            {k: v for k, v in sorted(p.items()) if k != "cache_control"} if isinstance(p, dict) else p
+            for p in content
+        ]
+    return content
+
+
+def canonical(message: Mapping[str, Any]) -> dict[str, Any]:
+    """The parts of a message that make it the same message, whatever the client adds."""
+    role = message.get("role")
+    form: dict[str, Any] = {"r": role, "c": _canonical_content(message.get("content"))}
+    calls = message.get("tool_calls")
+    if calls:
+        form["t"] = [
+            [c.get("id"), (c.get("function") or {}).get("name"), (c.get("function") or {}).get("arguments")]
+            for c in calls
+        ]
+    if role == "tool":
+        form["i"] = message.get("tool_call_id")
+    return form
+
+
+def fingerprint(message: Mapping[str, Any]) -> str:
+    return hashlib.sha1(orjson.dumps(canonical(message), option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def probe_chains(fingerprints: Sequence[str]) -> list[str]:
+    chains: list[str] = []
+    previous = ""
+    for fp in fingerprints:
+        previous = chain_hash(previous, fp)
+        chains.append(previous)
+    return chains
+
+
+def detect_mode(
+    conversation: Sequence[Mapping[str, Any]],
+    *,
+    agent_mode: str = "auto",
+    header: str | None = None,
+    fingerprinted: bool = False,
+) -> SyncMode:
+    """Per-request header, then the agent's historyMode, then auto-detection: a request
+    holding an assistant message is full-history. A session keyed by fingerprint only
+    exists for clients that resend everything, so it is always full."""
+    for choice in (header, agent_mode):
+        if choice in ("full", "delta"):
+            return choice  # type: ignore[return-value]
+    if fingerprinted:
+        return "full"
+    return "full" if any(m.get("role") == "assistant" for m in conversation) else "delta"
+
+
+@dataclass(slots=True)
+class SyncPlan:
+    """``new`` are the indexes (into the request's conversation) of messages to store;
+    ``keep_through`` is the seq of the last stored message that stays in the conversation
+    (messages after it, up to ``supersede_until``, are superseded when ``rewind``)."""
+
+    mode: SyncMode
+    new: list[int] = field(default_factory=list)
+    rewind: bool = False
+    keep_through: int = 0
+    supersede_until: int = 0
+
+
+def plan_sync(
+    mode: SyncMode, conversation: Sequence[Mapping[str, Any]], snapshot: SessionSnapshot
+) -> SyncPlan:
+    meta = snapshot.meta
+    if mode == "delta":
+        return SyncPlan(mode, new=list(range(len(conversation))), keep_through=meta.head_seq)
+    matched = snapshot.matched
+    plan = SyncPlan(mode, new=list(range(matched, len(conversation))), keep_through=snapshot.matched_seq)
+    # anything active after the matched point is history the client no longer has
+    if meta.active_count and snapshot.matched_seq < meta.head_seq:
+        plan.rewind = True
+        plan.supersede_until = meta.head_seq
+    return plan
+
+
+def check_tool_results(
+    conversation: Sequence[Mapping[str, Any]], new: Sequence[int], known_call_ids: set[str]
+) -> None:
+    """A new tool result must answer a call the conversation holds (else providers 400)."""
+    ids = set(known_call_ids)
+    for index, message in enumerate(conversation):
+        for call in message.get("tool_calls") or ():
+            ids.add(call["id"])
+        if index in new and message.get("role") == "tool" and message.get("tool_call_id") not in ids:
+            raise BadRequest(
+                f"messages: tool result for unknown tool_call_id {message.get('tool_call_id')!r}",
+                param="messages",
+                code="orphan_tool_result",
+            )

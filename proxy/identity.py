@@ -1,0 +1,105 @@
+"""Which agent and session a request belongs to, and whose (the API key's namespace).
+
+Priority (DESIGN.md): path form, headers, body metadata / ``user``, then a fingerprint
+of the agent, the system prompt and the first user message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from proxy.agents import DEFAULT_AGENT
+from proxy.errors import BadRequest
+
+SessionSource = Literal["path", "header", "metadata", "user", "fingerprint"]
+# braces would break the Redis hash tag; slashes the path form
+_ID = re.compile(r"^[A-Za-z0-9._:@+=-]{1,128}$")
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    namespace: str
+    agent: str
+    session: str
+    source: SessionSource
+
+
+def bearer_key(authorization: str | None) -> str | None:
+    if not authorization:
+        return None
+    scheme, _, token = authorization.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else authorization.strip()
+
+
+def namespace_for(api_key: str | None) -> str:
+    """A short, stable hash of the client's API key: the key itself is never stored."""
+    if not api_key:
+        return "anon"
+    return hashlib.sha256(b"memory-proxy:" + api_key.encode()).hexdigest()[:20]
+
+
+def _checked(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not _ID.match(value):
+        raise BadRequest(
+            f"invalid {what}: use 1-128 characters of letters, digits and . _ : @ + = -",
+            param=what,
+            code="invalid_identifier",
+        )
+    return value
+
+
+def _text_of(message: Mapping[str, Any] | None) -> str:
+    if not message:
+        return ""
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text"
+        )
+    return ""
+
+
+def identify(
+    *,
+    path_params: Mapping[str, str],
+    headers: Mapping[str, str],
+    body: Mapping[str, Any],
+    api_key: str | None,
+    system: list[dict[str, Any]],
+    conversation: list[dict[str, Any]],
+) -> Identity:
+    """Resolve agent and session; raises BadRequest for malformed identifiers."""
+    metadata = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+    assert isinstance(metadata, dict)
+
+    agent = (
+        path_params.get("agent")
+        or headers.get("x-agent-id")
+        or metadata.get("agent_id")
+        or DEFAULT_AGENT
+    )
+    agent = _checked(agent, "agent")
+
+    session: Any
+    source: SessionSource
+    if path_params.get("session"):
+        session, source = path_params["session"], "path"
+    elif headers.get("x-session-id") or headers.get("x-session-affinity"):
+        session = headers.get("x-session-id") or headers.get("x-session-affinity")
+        source = "header"
+    elif metadata.get("session_id"):
+        session, source = metadata["session_id"], "metadata"
+    elif isinstance(body.get("user"), str) and body["user"]:
+        session, source = body["user"], "user"
+    else:
+        first_user = next((m for m in conversation if m.get("role") == "user"), None)
+        material = "\x1f".join([agent, *(_text_of(m) for m in system), _text_of(first_user)])
+        session = "fp-" + hashlib.sha256(material.encode()).hexdigest()[:24]
+        source = "fingerprint"
+    return Identity(namespace_for(api_key), agent, _checked(session, "session"), source)

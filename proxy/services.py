@@ -1,0 +1,60 @@
+"""The long-lived parts of a running proxy, built by ``create_app`` and opened in its lifespan."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy.agents import AgentRegistry
+from proxy.settings import Settings
+from proxy.upstream.base import Upstream
+from storage.base import Store
+from strategies.mapper import LlmMessageMapper
+from strategies.records import SessionKey
+
+logger = logging.getLogger("memory_proxy")
+
+
+@dataclass
+class Services:
+    settings: Settings
+    store: Store
+    upstream: Upstream
+    agents: AgentRegistry
+    mapper: LlmMessageMapper
+    # latest admin override seen per agent, so a turn resolves its config before loading
+    overrides: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+    # sessions compacting in this process: turns wait (bounded) for the event
+    compactions: dict[SessionKey, asyncio.Event] = field(default_factory=dict)
+    # the last upstream headers per session, in memory only, for background summaries
+    credentials: OrderedDict[SessionKey, dict[str, str]] = field(default_factory=OrderedDict)
+    summarizer_budget: Any = None
+    started: bool = False
+
+    def remember_credentials(self, key: SessionKey, headers: dict[str, str]) -> None:
+        self.credentials[key] = headers
+        self.credentials.move_to_end(key)
+        if len(self.credentials) > 10_000:
+            self.credentials.popitem(last=False)
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], *, name: str) -> asyncio.Task[Any]:
+        """Run after-turn work in the background; it never fails the request that queued it."""
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self.tasks.add(task)
+        task.add_done_callback(self._finished)
+        return task
+
+    def _finished(self, task: asyncio.Task[Any]) -> None:
+        self.tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("background task %s failed", task.get_name(), exc_info=task.exception())
+
+    async def drain(self, timeout: float = 10.0) -> None:
+        """Wait for background work (shutdown, tests)."""
+        if self.tasks:
+            await asyncio.wait(list(self.tasks), timeout=timeout)

@@ -1,0 +1,44 @@
+"""Settings from ``MEMORY_PROXY_*`` environment variables (CLI flags override them)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="MEMORY_PROXY_", extra="ignore")
+
+    store_url: str = "sqlite:///.memory-proxy/memory.db"
+    upstream_url: str = "https://api.openai.com/v1"
+    upstream_api_key: SecretStr | None = None
+    agents_dir: Path = Path("agent-definitions")
+    admin_token: SecretStr | None = None
+    host: str = "127.0.0.1"
+    port: int = 4000
+    workers: int = 1
+    # dotted path ("module:attr" or "module.attr") of the LlmMessageMapper to use
+    mapper: str = "strategies.mapper:MessageToLlmMessageMapper"
+    part_reader: str | None = None
+    default_context_window: int = 128_000
+    max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    upstream_timeout: float = 600.0
+    # how long a turn waits for a running compaction of its session before going ahead
+    compaction_wait_seconds: float = 15.0
+    # summarizer calls allowed per session per hour (bounds cost and loops)
+    summarizer_calls_per_hour: int = 30
+    log_level: str = "info"
+
+    @property
+    def loopback_only(self) -> bool:
+        return self.host in LOOPBACK_HOSTS
+
+    def upstream_key(self) -> str | None:
+        return self.upstream_api_key.get_secret_value() if self.upstream_api_key else None
+
+    def admin_secret(self) -> str | None:
+        return self.admin_token.get_secret_value() if self.admin_token else None

@@ -1,0 +1,136 @@
+"""Running a strategy's SummarizePlan: one summarizer call, one summary record.
+
+Called after a response (never on the request path) and by the Compact action. A
+per-session lock shared through the store makes one replica do the work; the write is a
+compare-and-set on the compaction boundary, so one overflow is compacted exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict, deque
+from typing import Any
+
+import orjson
+
+from proxy.agents import ResolvedAgent
+from proxy.errors import ProxyError
+from proxy.services import Services
+from proxy.upstream.base import UpstreamRequest
+from storage.base import StoreUnavailable
+from strategies.base import SummarizePlan
+from strategies.records import SessionKey, SummaryRecord
+from strategies.summary_prompt import build_summary_messages, sanitize_summary
+from strategies.tokens import count_text, make_counter
+
+logger = logging.getLogger("memory_proxy.summarizer")
+
+LOCK_NAME = "compact"
+LOCK_TTL = 180.0
+# the summarizer's own input is held to this share of the model's context window
+INPUT_SHARE = 0.6
+SUMMARY_MAX_TOKENS = 4096
+
+
+class SummarizerBusy(Exception):
+    """Another worker holds the session's compaction lock."""
+
+
+class SummarizerError(Exception):
+    """The summarizer call failed or returned nothing usable."""
+
+
+class CallBudget:
+    """Summarizer calls allowed per session per hour (bounds cost and any runaway loop)."""
+
+    def __init__(self, per_hour: int) -> None:
+        self.per_hour = per_hour
+        self.calls: OrderedDict[SessionKey, deque[float]] = OrderedDict()
+
+    def take(self, key: SessionKey) -> bool:
+        now = time.monotonic()
+        window = self.calls.setdefault(key, deque())
+        self.calls.move_to_end(key)
+        while window and now - window[0] > 3600:
+            window.popleft()
+        if len(window) >= self.per_hour:
+            return False
+        window.append(now)
+        if len(self.calls) > 10_000:
+            self.calls.popitem(last=False)
+        return True
+
+
+def summary_text(body: bytes) -> str:
+    try:
+        data = orjson.loads(body)
+        content = data["choices"][0]["message"]["content"]
+    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError) as exc:
+        raise SummarizerError("summarizer reply has no message content") from exc
+    if isinstance(content, list):
+        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    text = sanitize_summary(content or "").strip()
+    if not text:
+        raise SummarizerError("summarizer returned an empty summary")
+    return text
+
+
+async def run_plan(
+    services: Services,
+    key: SessionKey,
+    agent: ResolvedAgent,
+    model: str,
+    plan: SummarizePlan,
+    *,
+    headers: dict[str, str],
+    context_window: int,
+    expect_boundary: int | None,
+) -> SummaryRecord | None:
+    """Summarize ``plan`` and store the record. Returns None when another replica got
+    there first (lock held or boundary moved)."""
+    store = services.store
+    token = await store.acquire_lock(key, LOCK_NAME, LOCK_TTL)
+    if token is None:
+        raise SummarizerBusy(f"{key.session}: a compaction is already running")
+    events = services.compactions
+    done = events.setdefault(key, asyncio.Event())
+    try:
+        if not services.summarizer_budget.take(key):
+            raise SummarizerError("summarizer call budget for this session is spent for now")
+        summarizer_model = agent.summarizer_model(model)
+        messages = build_summary_messages(
+            plan,
+            placement_hint=getattr(agent.config, "summaryPlacement", None),
+            count_tokens=make_counter(summarizer_model),
+            max_input_tokens=int(context_window * INPUT_SHARE),
+        )
+        body: dict[str, Any] = {
+            "model": summarizer_model,
+            "messages": messages,
+            "temperature": 0,
+            "max_tokens": SUMMARY_MAX_TOKENS,
+        }
+        try:
+            response = await services.upstream.chat(UpstreamRequest(body, headers))
+        except ProxyError as exc:
+            raise SummarizerError(f"summarizer call failed: {exc.message}") from exc
+        text = summary_text(response.body)
+        record = SummaryRecord(
+            kind=plan.kind,
+            text=text,
+            from_seq=plan.from_seq,
+            to_seq=plan.to_seq,
+            tokens=count_text(text, model),
+            model=summarizer_model,
+            created_at=time.time(),
+        )
+        return await store.add_summary(key, record, expect_boundary=expect_boundary)
+    finally:
+        done.set()
+        events.pop(key, None)
+        try:
+            await store.release_lock(key, LOCK_NAME, token)
+        except StoreUnavailable:
+            logger.warning("could not release the compaction lock of %s; it expires", key.session)

@@ -1,0 +1,326 @@
+"""One turn's memory work before the upstream call: load, sync, select, render.
+
+Everything here is one store round trip (``Store.load``) plus pure work; the turn's
+writes happen in ``persist_turn`` after the reply, as one atomic ``append_turn``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy import history_sync
+from proxy.agents import ResolvedAgent
+from proxy.errors import StoreUnavailableError
+from proxy.identity import Identity
+from proxy.services import Services
+from storage.base import StoreUnavailable
+from strategies.base import Strategy, Window, WindowContext
+from strategies.mapper import MappingContext
+from strategies.records import (
+    AppendResult,
+    LoadSpec,
+    SessionKey,
+    SessionSnapshot,
+    StoredMessage,
+    TurnWrite,
+)
+from strategies.registry import get_strategy
+from strategies.tokens import count_message, count_text, make_counter
+
+CALIBRATION_BOUNDS = (0.5, 3.0)
+# bound on the messages of one turn loaded to keep it whole (a runaway tool loop)
+TURN_LOAD_LIMIT = 2000
+CALIBRATION_WEIGHT = 0.3
+
+
+@dataclass(slots=True)
+class Turn:
+    """A prepared turn: what was loaded, what is new, the window and the messages to send."""
+
+    identity: Identity
+    key: SessionKey
+    agent: ResolvedAgent
+    strategy: Strategy
+    model: str
+    context_window: int
+    snapshot: SessionSnapshot
+    sync: history_sync.SyncPlan
+    system_prompt: list[dict[str, Any]] | None
+    system_tokens: int
+    system_changed: bool
+    new_messages: list[StoredMessage]
+    context: WindowContext
+    window: Window
+    messages: list[dict[str, Any]]
+    extra_tokens: int = 0
+    # the records written by persist_turn, with their assigned seqs
+    appended: list[StoredMessage] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {
+            "x-memory-agent": self.identity.agent,
+            "x-memory-session": self.identity.session,
+            "x-memory-strategy": self.agent.config.kind,
+            "x-memory-window-tokens": str(self.window.tokens),
+            "x-memory-context-modified": "true" if self.window.modified else "false",
+        }
+
+
+def current_turn_start(messages: list[StoredMessage]) -> int:
+    for index in range(len(messages) - 1, -1, -1):
+        if messages[index].role == "user":
+            return index
+    return 0
+
+
+def new_record(message: dict[str, Any], fp: str, model: str, now: float) -> StoredMessage:
+    role = message["role"]
+    return StoredMessage(
+        role=role,
+        content=message.get("content"),
+        tokens=count_message(message, model),
+        fingerprint=fp,
+        tool_calls=message.get("tool_calls") or None,
+        tool_call_id=message.get("tool_call_id"),
+        name=message.get("name"),
+        created_at=now,
+    )
+
+
+async def load_snapshot(
+    services: Services, key: SessionKey, agent: ResolvedAgent, probe: list[str]
+) -> tuple[ResolvedAgent, Strategy, SessionSnapshot]:
+    """Load with the config known for the agent; reload once if the stored override
+    changed the strategy's load spec (an admin edit seen for the first time here)."""
+    strategy = get_strategy(agent.config.kind)
+    spec = strategy.load_spec(agent.config)
+    try:
+        snapshot = await services.store.load(key, spec, probe=probe)
+    except StoreUnavailable as exc:
+        raise StoreUnavailableError(f"memory store unavailable: {exc}") from exc
+    if snapshot.agent_config != services.overrides.get(key.agent):
+        services.overrides[key.agent] = snapshot.agent_config
+        agent = services.agents.resolve(key.agent, snapshot.agent_config)
+        strategy = get_strategy(agent.config.kind)
+        new_spec = strategy.load_spec(agent.config)
+        if new_spec != spec:
+            try:
+                snapshot = await services.store.load(key, new_spec, probe=probe)
+            except StoreUnavailable as exc:
+                raise StoreUnavailableError(f"memory store unavailable: {exc}") from exc
+    return agent, strategy, snapshot
+
+
+async def wait_for_compaction(services: Services, key: SessionKey) -> None:
+    """A turn that arrives while this process compacts its session waits (bounded),
+    then goes ahead with whatever is stored: the strategy keeps the window safe."""
+    event = services.compactions.get(key)
+    if event is not None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), services.settings.compaction_wait_seconds)
+
+
+def resolve_agent(services: Services, agent_name: str) -> ResolvedAgent:
+    return services.agents.resolve(agent_name, services.overrides.get(agent_name))
+
+
+async def prepare_turn(
+    services: Services,
+    *,
+    identity: Identity,
+    body: dict[str, Any],
+    system: list[dict[str, Any]],
+    conversation: list[dict[str, Any]],
+    history_header: str | None,
+) -> Turn:
+    key = SessionKey(identity.namespace, identity.agent, identity.session)
+    await wait_for_compaction(services, key)
+    agent = resolve_agent(services, identity.agent)
+    model = str(body.get("model") or agent.definition.llm.model or "")
+    mode = history_sync.detect_mode(
+        conversation,
+        agent_mode=agent.definition.historyMode,
+        header=history_header,
+        fingerprinted=identity.source == "fingerprint",
+    )
+    fingerprints = [history_sync.fingerprint(m) for m in conversation]
+    probe = history_sync.probe_chains(fingerprints) if mode == "full" else []
+    agent, strategy, snapshot = await load_snapshot(services, key, agent, probe)
+
+    sync = history_sync.plan_sync(mode, conversation, snapshot)
+    stored = snapshot.messages
+    if sync.rewind:
+        stored = [m for m in stored if m.seq <= sync.keep_through]
+        if sync.keep_through and (not stored or stored[-1].seq < sync.keep_through):
+            # rewound to before the loaded page: fetch the kept tail (rare)
+            spec = strategy.load_spec(agent.config)
+            earlier = await services.store.get_range(
+                key, max(1, sync.keep_through - 2 * spec.limit), sync.keep_through
+            )
+            stored = earlier[-spec.limit :]
+    if not sync.new or conversation[sync.new[0]].get("role") != "user":
+        stored = await with_current_turn(services, key, snapshot, stored)
+    known_calls = {c["id"] for m in stored for c in (m.tool_calls or ())}
+    history_sync.check_tool_results(conversation, sync.new, known_calls)
+
+    now = time.time()
+    new_messages = [new_record(conversation[i], fingerprints[i], model, now) for i in sync.new]
+    provisional = (snapshot.meta.head_seq or 0) + 1
+    for offset, message in enumerate(new_messages):
+        message.seq = provisional + offset
+
+    meta = snapshot.meta
+    if system:
+        system_prompt: list[dict[str, Any]] | None = system
+        system_changed = system != meta.system_prompt
+        system_tokens = (
+            sum(count_message(m, model) for m in system) if system_changed else meta.system_tokens
+        )
+    else:
+        system_prompt, system_changed, system_tokens = meta.system_prompt, False, meta.system_tokens
+
+    extra_tokens = tools_tokens(body, model)
+    messages = [*stored, *new_messages]
+    context_window = agent.context_window(model, services.settings.default_context_window)
+    context = WindowContext(
+        config=agent.config,
+        context_window=context_window,
+        messages=messages,
+        summaries=snapshot.summaries,
+        system_tokens=system_tokens + extra_tokens,
+        current_turn_start=current_turn_start(messages),
+        count_tokens=make_counter(model),
+        calibration=meta.calibration or 1.0,
+    )
+    window = strategy.select(context)
+    # stored messages the page did not load are left out too (fallen off, compacted)
+    window.trimmed += max(0, meta.active_count - len(snapshot.messages))
+    current = context.messages[context.current_turn_start] if messages else None
+    mapping = MappingContext(
+        model=model,
+        capabilities=agent.capabilities(model),
+        current_turn_seq=current.seq if current else 0,
+    )
+    rendered = services.mapper.map(window, system_prompt, mapping)
+    return Turn(
+        identity=identity,
+        key=key,
+        agent=agent,
+        strategy=strategy,
+        model=model,
+        context_window=context_window,
+        snapshot=snapshot,
+        sync=sync,
+        system_prompt=system_prompt,
+        system_tokens=system_tokens,
+        system_changed=system_changed,
+        new_messages=new_messages,
+        context=context,
+        window=window,
+        messages=rendered,
+        extra_tokens=extra_tokens,
+    )
+
+
+async def with_current_turn(
+    services: Services, key: SessionKey, snapshot: SessionSnapshot, stored: list[StoredMessage]
+) -> list[StoredMessage]:
+    """The current turn is always sent whole: when a small page (windowed, full's
+    maxHistoryFetch) stopped inside a long tool loop, load the turn from its user message."""
+    start = snapshot.meta.last_user_seq
+    if not start or (stored and stored[0].seq <= start):
+        return stored
+    try:
+        turn = await services.store.load(key, LoadSpec(limit=TURN_LOAD_LIMIT, since="turn"))
+    except StoreUnavailable as exc:
+        raise StoreUnavailableError(f"memory store unavailable: {exc}") from exc
+    first = stored[0].seq if stored else None
+    return [m for m in turn.messages if first is None or m.seq < first] + stored
+
+
+_tools_cache: dict[tuple[int, str], int] = {}
+
+
+def tools_tokens(body: dict[str, Any], model: str) -> int:
+    """Tokens of the request's tool definitions (they share the context window); cached,
+    since agents send the same tools every turn."""
+    tools = body.get("tools")
+    if not tools:
+        return 0
+    key = (hash(repr(tools)), model)
+    cached = _tools_cache.get(key)
+    if cached is None:
+        import orjson
+
+        cached = count_text(orjson.dumps(tools).decode(), model)
+        if len(_tools_cache) > 1024:
+            _tools_cache.clear()
+        _tools_cache[key] = cached
+    return cached
+
+
+def calibrated(previous: float, estimate: int, reported: int | None) -> float | None:
+    """Blend the upstream's real prompt size into the session's estimate factor."""
+    if not reported or estimate <= 0:
+        return None
+    low, high = CALIBRATION_BOUNDS
+    ratio = min(high, max(low, reported / estimate))
+    return round((1 - CALIBRATION_WEIGHT) * (previous or 1.0) + CALIBRATION_WEIGHT * ratio, 4)
+
+
+async def persist_turn(
+    services: Services,
+    turn: Turn,
+    reply: dict[str, Any] | None,
+    *,
+    usage: dict[str, Any] | None,
+) -> AppendResult:
+    """Store the turn's new messages and the reply in one atomic write."""
+    records = list(turn.new_messages)
+    for record in records:
+        record.seq = 0
+    if reply is not None:
+        completion = (usage or {}).get("completion_tokens")
+        tokens = count_message(reply, turn.model)
+        if isinstance(completion, int) and completion > 0 and not reply.get("tool_calls"):
+            tokens = completion + 3
+        records.append(
+            StoredMessage(
+                role="assistant",
+                content=reply.get("content"),
+                tokens=tokens,
+                fingerprint=history_sync.fingerprint(reply),
+                tool_calls=reply.get("tool_calls") or None,
+                created_at=time.time(),
+                meta={"model": turn.model} if turn.model else {},
+            )
+        )
+    prompt_tokens = (usage or {}).get("prompt_tokens")
+    write = TurnWrite(
+        messages=records,
+        supersede_after=turn.sync.keep_through if turn.sync.rewind else None,
+        supersede_until=turn.sync.supersede_until if turn.sync.rewind else None,
+        system_prompt=turn.system_prompt if turn.system_changed else None,
+        system_tokens=turn.system_tokens if turn.system_changed else None,
+        model=turn.model or None,
+        calibration=calibrated(
+            turn.snapshot.meta.calibration,
+            turn.window.tokens,
+            prompt_tokens if isinstance(prompt_tokens, int) else None,
+        ),
+        compressed=turn.window.new_stubs or None,
+    )
+    try:
+        result = await services.store.append_turn(turn.key, write)
+    except StoreUnavailable as exc:
+        raise StoreUnavailableError(f"memory store unavailable: {exc}") from exc
+    for record, seq in zip(records, result.seqs, strict=False):
+        record.seq = seq
+    turn.appended = records
+    return result

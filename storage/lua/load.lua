@@ -1,0 +1,43 @@
+-- One turn's read. KEYS: meta, msgs, active, stubs, summaries
+-- ARGV: limit, since (all|boundary|turn), probe chain hashes...
+-- Returns {meta, messages (JSON array), stubs ({seq, stub, ...}), summaries, matched,
+-- matched_seq}; {meta} when the session is missing.
+local meta = redis.call('HGETALL', KEYS[1])
+if #meta == 0 then return {meta} end
+
+local limit = tonumber(ARGV[1])
+local since = ARGV[2]
+local low = '-inf'
+if since == 'boundary' then
+  low = '(' .. (redis.call('HGET', KEYS[1], 'boundary_seq') or '0')
+elseif since == 'turn' then
+  local last_user = redis.call('HGET', KEYS[1], 'last_user_seq') or '0'
+  if last_user ~= '0' then low = last_user end
+end
+
+local seqs = {}
+if limit > 0 then
+  local tail = redis.call('ZREVRANGEBYSCORE', KEYS[3], '+inf', low, 'WITHSCORES', 'LIMIT', 0, limit)
+  seqs = scores(tail, true)
+end
+local messages = '[]'
+if #seqs > 0 then messages = json_array(hmget(KEYS[2], seqs)) end
+
+-- Chains are cumulative, so the longest matched prefix ends at the last probe hash that is
+-- an active chain. A resent history usually matches near its end: search backwards in
+-- growing chunks.
+local matched, matched_seq = 0, 0
+local hi, size = #ARGV - 2, 8
+while hi > 0 and matched == 0 do
+  local lo = math.max(1, hi - size + 1)
+  local found = redis.call('ZMSCORE', KEYS[3], unpack(ARGV, lo + 2, hi + 2))
+  for i = #found, 1, -1 do
+    if found[i] then
+      matched, matched_seq = lo + i - 1, tonumber(found[i])
+      break
+    end
+  end
+  hi, size = lo - 1, math.min(size * 8, 1000)
+end
+
+return {meta, messages, stubs_of(KEYS[4], seqs), redis.call('LRANGE', KEYS[5], 0, -1), matched, matched_seq}

@@ -1,0 +1,48 @@
+-- Shared by every script (prepended by storage/redis.py).
+-- Key suffixes: meta (hash), msgs (hash seq -> message JSON), active (zset chain scored
+-- by seq: active messages only), users (zset of active user seqs), stubs (hash seq ->
+-- compressed_content), tools (hash tool_call_id -> seqs), summaries (list), locks (hash).
+
+-- unpack() is bounded by the Lua C stack (~8000 values): read big field lists in chunks
+local function hmget(key, fields)
+  local out = {}
+  for lo = 1, #fields, 1000 do
+    local part = redis.call('HMGET', key, unpack(fields, lo, math.min(lo + 999, #fields)))
+    for i = 1, #part do out[#out + 1] = part[i] end
+  end
+  return out
+end
+
+-- seqs of a WITHSCORES reply (member, score, ...) in the given direction
+local function scores(reply, descending)
+  local seqs = {}
+  if descending then
+    for i = #reply, 2, -2 do seqs[#seqs + 1] = reply[i] end
+  else
+    for i = 2, #reply, 2 do seqs[#seqs + 1] = reply[i] end
+  end
+  return seqs
+end
+
+-- message JSONs as one JSON array: one bulk reply instead of one per message
+local function json_array(values)
+  local present = {}
+  for i = 1, #values do
+    if values[i] then present[#present + 1] = values[i] end
+  end
+  return '[' .. table.concat(present, ',') .. ']'
+end
+
+-- the stubs of these seqs that exist, as a flat {seq, stub, ...} list
+local function stubs_of(key, seqs)
+  local found = {}
+  if #seqs == 0 or redis.call('EXISTS', key) == 0 then return found end
+  local values = hmget(key, seqs)
+  for i = 1, #seqs do
+    if values[i] then
+      found[#found + 1] = seqs[i]
+      found[#found + 1] = values[i]
+    end
+  end
+  return found
+end

@@ -1,0 +1,442 @@
+"""The Redis store: many proxy replicas sharing one Redis (or a Redis Cluster).
+
+Every key of a session shares the session's hash tag, ``mp:{ns:agent:session}:<part>``,
+so one Lua script can read or write the whole session atomically on one cluster slot.
+The indexes that span sessions live outside that slot and ride in the same pipeline:
+
+    mp:agents                    zset agent -> last activity
+    mp:agent:<agent>:sessions    zset [namespace, session] (JSON) -> last activity
+    mp:agentcfg:<agent>          the admin-saved agent definition (JSON)
+    mp:part:<digest>             media type, newline, bytes
+
+The session parts are described in ``storage/lua/prelude.lua``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import orjson
+from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from storage.base import StoreUnavailable
+from strategies.records import (
+    AgentInfo,
+    AppendResult,
+    LoadSpec,
+    SessionInfo,
+    SessionKey,
+    SessionMeta,
+    SessionSnapshot,
+    StoredMessage,
+    SummaryRecord,
+    TurnWrite,
+)
+
+# A stalled Redis must fail a request fast instead of hanging it.
+SOCKET_TIMEOUT = 1.5
+AGENTS = "mp:agents"
+SESSION_PARTS = ("meta", "msgs", "active", "users", "stubs", "tools", "summaries", "locks")
+
+
+@dataclass(frozen=True, slots=True)
+class _Script:
+    source: str
+    sha: str
+
+    @classmethod
+    def load(cls, name: str) -> _Script:
+        folder = Path(__file__).with_name("lua")
+        source = (folder / "prelude.lua").read_text() + (folder / f"{name}.lua").read_text()
+        return cls(source, hashlib.sha1(source.encode()).hexdigest())
+
+
+LOAD = _Script.load("load")
+APPEND = _Script.load("append")
+RANGE = _Script.load("range")
+TOOL_RESULT = _Script.load("tool_result")
+COMPRESS = _Script.load("compress")
+SUMMARY = _Script.load("summary")
+SET_META = _Script.load("set_meta")
+DELETE = _Script.load("delete")
+LOCK_ACQUIRE = _Script.load("lock_acquire")
+LOCK_RELEASE = _Script.load("lock_release")
+
+
+class RedisStore:
+    """Store backend on Redis: ``redis://host:port/db`` (``rediss://`` for TLS).
+
+    ``load`` and ``append_turn`` are one Lua script each, sent in one pipeline with the
+    commands on the cross-session indexes: one network round trip per call.
+    """
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._client: Redis | None = None
+
+    async def open(self) -> None:
+        # No retries: a retried append whose reply was lost would store the turn twice.
+        # Nothing connects here, so a Redis that is down does not stop the proxy.
+        self._client = Redis.from_url(
+            self.url,
+            socket_timeout=SOCKET_TIMEOUT,
+            socket_connect_timeout=SOCKET_TIMEOUT,
+            retry=Retry(NoBackoff(), 0),
+            decode_responses=False,
+        )
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    async def ping(self) -> bool:
+        try:
+            return bool(await self._redis.ping())
+        except (RedisError, OSError):
+            return False
+
+    async def load(
+        self, key: SessionKey, spec: LoadSpec, *, probe: Sequence[str] = ()
+    ) -> SessionSnapshot:
+        found, config = await self._run(
+            LOAD,
+            _keys(key, "meta", "msgs", "active", "stubs", "summaries"),
+            [spec.limit, spec.since, *probe],
+            lambda pipe: pipe.get(_agent_config_key(key.agent)),
+        )
+        agent_config = orjson.loads(config) if config else None
+        if len(found) == 1:
+            return SessionSnapshot(SessionMeta(), [], [], agent_config=agent_config)
+        meta, messages, stubs, summaries, matched, matched_seq = found
+        return SessionSnapshot(
+            meta=_decode_meta(meta),
+            messages=_decode_array(messages, stubs),
+            summaries=[SummaryRecord.from_dict(orjson.loads(raw)) for raw in summaries],
+            matched=matched,
+            matched_seq=matched_seq,
+            agent_config=agent_config,
+            exists=True,
+        )
+
+    async def append_turn(self, key: SessionKey, write: TurnWrite) -> AppendResult:
+        now = time.time()
+        fields: list[Any] = []
+        for name, value in _meta_updates(write):
+            fields += (name, value)
+        args: list[Any] = [
+            now,
+            len(write.messages),
+            "" if write.supersede_after is None else write.supersede_after,
+            "" if write.supersede_until is None else write.supersede_until,
+            len(fields) // 2,
+            *fields,
+        ]
+        for message in write.messages:
+            args += (
+                message.fingerprint,
+                message.role,
+                message.tool_call_id if message.role == "tool" and message.tool_call_id else "",
+                message.compressed_content or "",
+                _encode_message(message, now),
+            )
+        member = orjson.dumps([key.namespace, key.session])
+
+        def indexes(pipe: Pipeline) -> None:
+            pipe.zadd(AGENTS, {key.agent: now})
+            pipe.zadd(_sessions_key(key.agent), {member: now})
+
+        (first, superseded, meta), *_ = await self._run(
+            APPEND, _keys(key, "meta", "msgs", "active", "users", "stubs", "tools"), args, indexes
+        )
+        return AppendResult(
+            seqs=list(range(first, first + len(write.messages))),
+            superseded=superseded,
+            meta=_decode_meta(meta),
+        )
+
+    async def set_compressed(self, key: SessionKey, stubs: dict[int, str | None]) -> None:
+        if not stubs:
+            return
+        args: list[Any] = []
+        for seq, stub in stubs.items():
+            args += (seq, stub or "")
+        await self._run(COMPRESS, _keys(key, "msgs", "stubs"), args)
+
+    async def add_summary(
+        self, key: SessionKey, summary: SummaryRecord, *, expect_boundary: int | None = None
+    ) -> SummaryRecord | None:
+        created_at = summary.created_at or time.time()
+        body = summary.to_dict() | {"created_at": created_at}
+        del body["id"]
+        (summary_id,) = await self._run(
+            SUMMARY,
+            _keys(key, "meta", "summaries"),
+            [
+                "" if expect_boundary is None else expect_boundary,
+                summary.kind,
+                summary.to_seq,
+                orjson.dumps(body),
+            ],
+        )
+        if summary_id is None:
+            return None
+        return SummaryRecord.from_dict(body | {"id": summary_id})
+
+    async def get_messages(self, key: SessionKey, seqs: Sequence[int]) -> list[StoredMessage]:
+        if not seqs:
+            return []
+        msgs, stubs = _keys(key, "msgs", "stubs")
+        with self._errors():
+            pipe = self._redis.pipeline(transaction=True)
+            pipe.hmget(msgs, list(seqs))
+            pipe.hmget(stubs, list(seqs))
+            messages, stub_values = await pipe.execute()
+        return _decode_messages(messages, stub_values)
+
+    async def get_range(self, key: SessionKey, from_seq: int, to_seq: int) -> list[StoredMessage]:
+        ((messages, stubs),) = await self._run(
+            RANGE, _keys(key, "active", "msgs", "stubs"), [from_seq, to_seq]
+        )
+        return _decode_array(messages, stubs)
+
+    async def find_tool_result(self, key: SessionKey, tool_call_id: str) -> StoredMessage | None:
+        (found,) = await self._run(
+            TOOL_RESULT, _keys(key, "tools", "active", "msgs", "stubs"), [tool_call_id]
+        )
+        if not found or found[0] is None:
+            return None
+        return _decode_messages([found[0]], [found[1]])[0]
+
+    async def set_calibration(self, key: SessionKey, value: float) -> None:
+        await self._run(SET_META, _keys(key, "meta"), ["calibration", float(value)])
+
+    async def list_agents(self) -> list[AgentInfo]:
+        with self._errors():
+            agents = _scored(await self._redis.zrevrange(AGENTS, 0, -1, withscores=True))
+            pipe = self._redis.pipeline(transaction=False)
+            for agent, _ in agents:
+                pipe.zcard(_sessions_key(agent.decode()))
+            counts = await pipe.execute()
+        # an agent whose sessions were all deleted is no longer listed (as in SQLite)
+        return [
+            AgentInfo(agent=agent.decode(), session_count=count, updated_at=updated_at)
+            for (agent, updated_at), count in zip(agents, counts, strict=True)
+            if count
+        ]
+
+    async def list_sessions(self, agent: str, *, limit: int = 200) -> list[SessionInfo]:
+        if limit <= 0:
+            return []
+        with self._errors():
+            members = _scored(
+                await self._redis.zrevrange(_sessions_key(agent), 0, limit - 1, withscores=True)
+            )
+            keys = [SessionKey(*_unpack_member(member, agent)) for member, _ in members]
+            pipe = self._redis.pipeline(transaction=False)
+            for session_key in keys:
+                pipe.hget(_keys(session_key, "meta")[0], "active_count")
+            counts = await pipe.execute()
+        return [
+            SessionInfo(k.namespace, k.agent, k.session, int(count), updated_at)
+            for k, (_, updated_at), count in zip(keys, members, counts, strict=True)
+            if count is not None
+        ]
+
+    async def delete_session(self, key: SessionKey) -> bool:
+        member = orjson.dumps([key.namespace, key.session])
+        existed, _ = await self._run(
+            DELETE,
+            _keys(key, *SESSION_PARTS),
+            [],
+            lambda pipe: pipe.zrem(_sessions_key(key.agent), member),
+        )
+        return bool(existed)
+
+    async def get_agent_config(self, agent: str) -> dict[str, Any] | None:
+        with self._errors():
+            raw = await self._redis.get(_agent_config_key(agent))
+        return orjson.loads(raw) if raw else None
+
+    async def set_agent_config(self, agent: str, config: dict[str, Any] | None) -> None:
+        with self._errors():
+            if config is None:
+                await self._redis.delete(_agent_config_key(agent))
+            else:
+                await self._redis.set(_agent_config_key(agent), orjson.dumps(config))
+
+    async def acquire_lock(self, key: SessionKey, name: str, ttl: float) -> str | None:
+        token = uuid.uuid4().hex
+        ttl_ms = max(1, int(ttl * 1000))
+        (taken,) = await self._run(LOCK_ACQUIRE, _keys(key, "locks"), [name, token, ttl_ms])
+        return token if taken else None
+
+    async def release_lock(self, key: SessionKey, name: str, token: str) -> None:
+        await self._run(LOCK_RELEASE, _keys(key, "locks"), [name, token])
+
+    async def put_part(self, digest: str, data: bytes, media_type: str) -> None:
+        with self._errors():
+            await self._redis.set(_part_key(digest), media_type.encode() + b"\n" + data, nx=True)
+
+    async def get_part(self, digest: str) -> tuple[bytes, str] | None:
+        with self._errors():
+            raw = cast("bytes | None", await self._redis.get(_part_key(digest)))
+        if raw is None:
+            return None
+        media_type, _, data = raw.partition(b"\n")
+        return data, media_type.decode()
+
+    @property
+    def _redis(self) -> Redis:
+        if self._client is None:
+            raise RuntimeError("RedisStore used before open()")
+        return self._client
+
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        """The one seam where redis connection failures become ``StoreUnavailable``."""
+        try:
+            yield
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            raise StoreUnavailable(f"redis at {self.url} is unavailable: {exc}") from exc
+
+    async def _run(
+        self,
+        script: _Script,
+        keys: Sequence[str],
+        args: Sequence[Any],
+        extra: Callable[[Pipeline], object] | None = None,
+    ) -> list[Any]:
+        """EVALSHA ``script`` plus the ``extra`` commands in one pipeline: one round trip.
+
+        Not redis-py's ``register_script``: in a pipeline it first asks SCRIPT EXISTS,
+        a second round trip on every call.
+        """
+        with self._errors():
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
+            if extra is not None:
+                extra(pipe)
+            results = await pipe.execute(raise_on_error=False)
+            if isinstance(results[0], NoScriptError):
+                # the script cache is empty (first call, restart, SCRIPT FLUSH); EVAL fills it
+                results[0] = await self._redis.eval(script.source, len(keys), *keys, *args)
+        for result in results:
+            if isinstance(result, Exception):
+                raise result
+        return list(results)
+
+
+def _keys(key: SessionKey, *parts: str) -> list[str]:
+    prefix = f"mp:{key.tag}:"
+    return [prefix + part for part in parts]
+
+
+def _sessions_key(agent: str) -> str:
+    return f"mp:agent:{agent}:sessions"
+
+
+def _agent_config_key(agent: str) -> str:
+    return f"mp:agentcfg:{agent}"
+
+
+def _part_key(digest: str) -> str:
+    return f"mp:part:{digest}"
+
+
+def _scored(reply: Any) -> list[tuple[bytes, float]]:
+    """A WITHSCORES reply, typed."""
+    return cast("list[tuple[bytes, float]]", reply)
+
+
+def _unpack_member(member: bytes, agent: str) -> tuple[str, str, str]:
+    namespace, session = orjson.loads(member)
+    return namespace, agent, session
+
+
+def _meta_updates(write: TurnWrite) -> Iterator[tuple[str, Any]]:
+    if write.system_prompt is not None:
+        yield "system_prompt", orjson.dumps(write.system_prompt)
+    if write.system_tokens is not None:
+        yield "system_tokens", write.system_tokens
+    if write.model is not None:
+        yield "model", write.model
+    if write.calibration is not None:
+        yield "calibration", float(write.calibration)
+
+
+def _encode_message(message: StoredMessage, now: float) -> bytes:
+    """The message JSON without seq and chain (the script prepends them)."""
+    body: dict[str, Any] = {
+        "role": message.role,
+        "content": message.content,
+        "tokens": message.tokens,
+        "fingerprint": message.fingerprint,
+        "created_at": message.created_at or now,
+    }
+    if message.tool_calls is not None:
+        body["tool_calls"] = message.tool_calls
+    if message.tool_call_id is not None:
+        body["tool_call_id"] = message.tool_call_id
+    if message.name is not None:
+        body["name"] = message.name
+    if message.meta:
+        body["meta"] = message.meta
+    return orjson.dumps(body)
+
+
+def _decode_array(array: bytes, stubs: Sequence[bytes]) -> list[StoredMessage]:
+    """Messages from a script's JSON array and its flat ``[seq, stub, ...]`` list."""
+    by_seq = {int(seq): stub.decode() for seq, stub in zip(stubs[::2], stubs[1::2], strict=True)}
+    decoded = []
+    for data in orjson.loads(array):
+        if by_seq and data["seq"] in by_seq:
+            data["compressed_content"] = by_seq[data["seq"]]
+        decoded.append(StoredMessage.from_dict(data))
+    return decoded
+
+
+def _decode_messages(
+    messages: Sequence[bytes | None], stubs: Sequence[bytes | None]
+) -> list[StoredMessage]:
+    decoded = []
+    for index, raw in enumerate(messages):
+        if raw is None:
+            continue
+        data = orjson.loads(raw)
+        stub = stubs[index] if index < len(stubs) else None
+        if stub is not None:
+            data["compressed_content"] = stub.decode()
+        decoded.append(StoredMessage.from_dict(data))
+    return decoded
+
+
+def _decode_meta(flat: Sequence[bytes]) -> SessionMeta:
+    raw = dict(zip(flat[::2], flat[1::2], strict=True))
+    prompt = raw.get(b"system_prompt")
+    return SessionMeta(
+        head_seq=int(raw.get(b"head_seq", 0)),
+        active_count=int(raw.get(b"active_count", 0)),
+        head_chain=raw.get(b"head_chain", b"").decode(),
+        last_user_seq=int(raw.get(b"last_user_seq", 0)),
+        boundary_seq=int(raw.get(b"boundary_seq", 0)),
+        system_prompt=orjson.loads(prompt) if prompt else None,
+        system_tokens=int(raw.get(b"system_tokens", 0)),
+        calibration=float(raw.get(b"calibration", 1.0)),
+        model=raw.get(b"model", b"").decode(),
+        created_at=float(raw.get(b"created_at", 0.0)),
+        updated_at=float(raw.get(b"updated_at", 0.0)),
+    )

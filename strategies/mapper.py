@@ -1,0 +1,118 @@
+"""LlmMessageMapper: the one read-side extension point, stored window -> model messages.
+
+The default ``MessageToLlmMessageMapper`` maps user and assistant text, tool calls and
+tool results, places summaries, and renders media parts (see ``strategies/media.py``
+when present). A replacement is loaded from a dotted path (``Settings.mapper``) and sees
+every message.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from strategies.base import Window, WindowItem
+from strategies.summary_prompt import render_summary
+
+
+@dataclass(slots=True)
+class MappingContext:
+    """What rendering needs besides the window: the target model, the media kinds it reads,
+    where the current turn starts (seq), and media bytes preloaded by the proxy."""
+
+    model: str = ""
+    capabilities: frozenset[str] = frozenset()
+    current_turn_seq: int = 0
+    parts: Mapping[str, tuple[bytes, str]] = field(default_factory=dict)
+
+
+class LlmMessageMapper(Protocol):
+    def map(
+        self,
+        window: Window,
+        system_prompt: list[dict[str, Any]] | None,
+        context: MappingContext,
+    ) -> list[dict[str, Any]]:
+        """The full message list to send: one system block first, then the window."""
+
+
+class MessageToLlmMessageMapper:
+    """The default mapper."""
+
+    def map(
+        self,
+        window: Window,
+        system_prompt: list[dict[str, Any]] | None,
+        context: MappingContext,
+    ) -> list[dict[str, Any]]:
+        system = [dict(m) for m in system_prompt or ()]
+        out: list[dict[str, Any]] = []
+        summary = window.summaries[-1] if window.summaries else None
+        if summary is not None:
+            rendered = render_summary(summary, window.summary_placement)
+            if isinstance(rendered, str):
+                system = _append_to_system(system, rendered)
+            else:
+                out.append(rendered)
+        for item in window.items:
+            out.append(self.map_item(item, context))
+        return system + out
+
+    def map_item(self, item: WindowItem, context: MappingContext) -> dict[str, Any]:
+        message = item.message
+        content: Any = item.text if item.text is not None else message.content
+        if message.role in ("system", "developer"):
+            # a mid-conversation instruction: one system block stays first for strict providers
+            return {"role": "user", "content": f"[system note]\n{_text(content)}"}
+        rendered: dict[str, Any] = {"role": message.role, "content": self.map_content(item, content, context)}
+        if message.role == "assistant":
+            if message.tool_calls:
+                rendered["tool_calls"] = message.tool_calls
+                if rendered["content"] in ("", None):
+                    rendered["content"] = None
+        elif message.role == "tool":
+            rendered["tool_call_id"] = message.tool_call_id
+        if message.name and message.role != "tool":
+            rendered["name"] = message.name
+        return rendered
+
+    def map_content(self, item: WindowItem, content: Any, context: MappingContext) -> Any:
+        """Content as the model receives it; media parts are rendered by the media module."""
+        if isinstance(content, list):
+            try:
+                from strategies import media
+            except ImportError:
+                return content
+            return media.render_parts(item, content, context)
+        return content
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return ""
+
+
+def _append_to_system(system: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
+    if not system:
+        return [{"role": "system", "content": text.lstrip()}]
+    last = dict(system[-1])
+    content = last.get("content")
+    if isinstance(content, list):
+        last["content"] = [*content, {"type": "text", "text": text}]
+    else:
+        last["content"] = (content or "") + text
+    return [*system[:-1], last]
+
+
+def load_mapper(path: str) -> LlmMessageMapper:
+    """Instantiate a mapper from ``"package.module:Name"`` or ``"package.module.Name"``."""
+    module_name, sep, attr = path.partition(":")
+    if not sep:
+        module_name, _, attr = path.rpartition(".")
+    target = getattr(importlib.import_module(module_name), attr)
+    return target() if isinstance(target, type) else target  # type: ignore[no-any-return]

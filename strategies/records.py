@@ -1,0 +1,215 @@
+"""Pure values shared by strategies, storage and the proxy.
+
+These types are plain values: identity and persistence are the store's concern.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+from urllib.parse import quote
+
+Role = Literal["user", "assistant", "tool"]
+SummaryKind = Literal["summary", "compaction"]
+LoadSince = Literal["all", "boundary", "turn"]
+
+
+def chain_hash(previous: str, fingerprint: str) -> str:
+    """Hash of a message's position in the active log: sha1(previous chain + fingerprint).
+
+    The first message chains from the empty string. Stores compute the same value
+    (Redis with ``redis.sha1hex``), so a client's resent history can be matched
+    against the stored log without loading it.
+    """
+    return hashlib.sha1((previous + fingerprint).encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class SessionKey:
+    """Where a session lives: a client namespace (hash of its API key), an agent, a session id."""
+
+    namespace: str
+    agent: str
+    session: str
+
+    @property
+    def tag(self) -> str:
+        """The shared Redis hash tag of every key of this session.
+
+        Parts are percent-escaped: a ``:`` or brace inside an agent or session id can
+        neither give two sessions one tag nor end the tag early.
+        """
+        parts = (quote(part, safe="") for part in (self.namespace, self.agent, self.session))
+        return "{" + ":".join(parts) + "}"
+
+
+@dataclass(slots=True)
+class StoredMessage:
+    """One message of a session's append-only log.
+
+    ``content`` is always the original (after persist-time tool result caps); a lossless
+    compression stub lives in ``compressed_content``. ``tokens`` is counted once, at
+    persist time. ``seq`` and ``chain`` are assigned by the store on append.
+    """
+
+    role: Role
+    content: Any = None
+    tokens: int = 0
+    fingerprint: str = ""
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+    compressed_content: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    seq: int = 0
+    chain: str = ""
+    created_at: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        return {k: v for k, v in data.items() if v not in (None, {}, "")} | {
+            "role": self.role,
+            "seq": self.seq,
+            "tokens": self.tokens,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StoredMessage:
+        return cls(
+            role=data["role"],
+            content=data.get("content"),
+            tokens=data.get("tokens", 0),
+            fingerprint=data.get("fingerprint", ""),
+            tool_calls=data.get("tool_calls"),
+            tool_call_id=data.get("tool_call_id"),
+            name=data.get("name"),
+            compressed_content=data.get("compressed_content"),
+            meta=data.get("meta") or {},
+            seq=data.get("seq", 0),
+            chain=data.get("chain", ""),
+            created_at=data.get("created_at", 0.0),
+        )
+
+
+@dataclass(slots=True)
+class SummaryRecord:
+    """A derived summary of stored messages ``from_seq..to_seq`` (inclusive).
+
+    ``kind="compaction"`` is a boundary: the window restarts after ``to_seq``.
+    Summaries never replace the messages they cover; those stay in the log.
+    """
+
+    kind: SummaryKind
+    text: str
+    from_seq: int
+    to_seq: int
+    tokens: int = 0
+    model: str = ""
+    id: int = 0
+    created_at: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SummaryRecord:
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+
+@dataclass(slots=True)
+class SessionMeta:
+    """Per-session bookkeeping kept next to the log and updated by every append."""
+
+    head_seq: int = 0
+    active_count: int = 0
+    head_chain: str = ""
+    last_user_seq: int = 0
+    boundary_seq: int = 0
+    system_prompt: list[dict[str, Any]] | None = None
+    system_tokens: int = 0
+    calibration: float = 1.0
+    model: str = ""
+    created_at: float = 0.0
+    updated_at: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SessionMeta:
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+
+@dataclass(frozen=True, slots=True)
+class LoadSpec:
+    """What a strategy needs loaded: at most ``limit`` active messages from the tail,
+    restricted to those after the latest compaction boundary (``boundary``) or to the
+    current turn, starting at the latest user message (``turn``)."""
+
+    limit: int = 500
+    since: LoadSince = "all"
+
+
+@dataclass(slots=True)
+class SessionSnapshot:
+    """Everything one turn needs, read in one store round trip."""
+
+    meta: SessionMeta
+    messages: list[StoredMessage]
+    summaries: list[SummaryRecord]
+    # number of leading probe chains found in the active log (0 when none matched)
+    matched: int = 0
+    # seq of the last matched stored message (0 when none matched)
+    matched_seq: int = 0
+    agent_config: dict[str, Any] | None = None
+    exists: bool = False
+
+
+@dataclass(slots=True)
+class TurnWrite:
+    """All writes of one turn, applied atomically by ``Store.append_turn``.
+
+    ``supersede_after``: when set, active messages with ``seq > supersede_after`` and
+    ``seq <= supersede_until`` are marked superseded (kept, never loaded again) before
+    ``messages`` are appended: a client rewound its history.
+    """
+
+    messages: list[StoredMessage]
+    supersede_after: int | None = None
+    supersede_until: int | None = None
+    system_prompt: list[dict[str, Any]] | None = None
+    system_tokens: int | None = None
+    model: str | None = None
+    calibration: float | None = None
+    # lossless compression stubs decided this turn (seq -> stub), like ``set_compressed``
+    compressed: dict[int, str] | None = None
+
+
+@dataclass(slots=True)
+class AppendResult:
+    seqs: list[int]
+    superseded: int
+    meta: SessionMeta
+
+
+@dataclass(slots=True)
+class SessionInfo:
+    namespace: str
+    agent: str
+    session: str
+    message_count: int
+    updated_at: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(slots=True)
+class AgentInfo:
+    agent: str
+    session_count: int
+    updated_at: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,201 @@
+"""The summarizer call and how a summary is placed back into a window.
+
+Summaries are model output that gets re-injected into later requests, so their text is
+sanitized (``sanitize_summary``) and always labelled as derived when rendered.
+"""
+
+from __future__ import annotations
+
+import json
+import unicodedata
+from collections.abc import Sequence
+from typing import Any
+
+from strategies.base import CountTokens, Placement, SummarizePlan
+from strategies.compression import content_text, head_within
+from strategies.records import StoredMessage, SummaryRecord
+
+# the largest share of the summarizer's input one transcript item may take
+ITEM_TOKEN_CAP = 2000
+# per-item caps tried, in order, when the transcript must fit max_input_tokens
+_ITEM_CAP_STEPS = (2000, 1000, 500, 250, 120)
+
+SUMMARY_SYSTEM_PROMPT = """\
+You write the working memory of an AI agent whose conversation no longer fits its context \
+window. Your summary replaces the transcript below: the agent will continue the work from \
+your summary alone, so anything you leave out is lost to it.
+
+Write a self-contained summary in plain prose and short lists. Preserve, in this order of \
+priority:
+1. The user's instructions and goals — quote them verbatim where they are short, including \
+constraints, preferences and corrections the user gave.
+2. Decisions made and why they were made (and alternatives that were rejected).
+3. Facts and identifiers exactly as written: file paths, URLs, IDs, names, numbers, \
+versions, commands, code symbols.
+4. Errors encountered and how they were fixed (or that they are still open).
+5. Pending tasks and next steps, including anything promised to the user.
+6. The current state: what was being worked on at the end of the transcript.
+
+If a previous summary is given, build on it: your summary must include all of its \
+still-relevant content, updated by the new transcript, as one coherent summary. Do not \
+invent anything. Do not address the user and do not continue the conversation: output \
+the summary only."""
+
+_PLACEMENT_HINTS = {
+    "SYSTEM_PROMPT": "It will be appended to the agent's system prompt under "
+    '"Earlier conversation".',
+    "USER_MESSAGE": "It will be given to the agent as the opening message of a continued session.",
+}
+
+_USER_MESSAGE_LEAD = (
+    "This session is being continued from a previous conversation that ran out of context. "
+    "The conversation is summarized below:"
+)
+
+_KEPT_CONTROLS = frozenset("\n\t")
+
+
+def sanitize_summary(text: str) -> str:
+    """Strip invisible and control characters from model-written summary text.
+
+    Removes Unicode category Cc except newline and tab, and Cf (zero-width characters,
+    bidi overrides, tag characters); line and paragraph separators become newlines.
+    """
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    text = text.replace("\u2028", "\n").replace("\u2029", "\n")
+    return "".join(
+        ch for ch in text if ch in _KEPT_CONTROLS or unicodedata.category(ch) not in ("Cc", "Cf")
+    ).strip()
+
+
+def _label(summary: SummaryRecord) -> str:
+    return (
+        f"(derived summary of messages {summary.from_seq}-{summary.to_seq}, "
+        "written by memory-proxy)"
+    )
+
+
+def render_summary(summary: SummaryRecord, placement: Placement) -> dict[str, Any] | str:
+    """A summary as it joins the request: SYSTEM_PROMPT -> text to append to the system
+    prompt under "Earlier conversation"; USER_MESSAGE -> a synthetic user message."""
+    text = sanitize_summary(summary.text)
+    if placement == "USER_MESSAGE":
+        return {"role": "user", "content": f"{_USER_MESSAGE_LEAD}\n{_label(summary)}\n{text}"}
+    return f"\n\n## Earlier conversation\n{_label(summary)}\n{text}"
+
+
+def _call_text(call: Any) -> str:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict):
+        return "(malformed tool call)"
+    arguments = function.get("arguments")
+    if arguments is not None and not isinstance(arguments, str):
+        arguments = json.dumps(arguments, ensure_ascii=False)
+    return f"{function.get('name') or '?'}({arguments or ''})"
+
+
+def _cap(text: str, cap: int, count: CountTokens) -> str:
+    tokens = count(text)
+    if tokens <= cap:
+        return text
+    kept = head_within(text, cap, count)
+    return f"{kept}\n[… {tokens - count(kept)} more tokens of this message omitted]"
+
+
+def render_transcript_item(message: StoredMessage, cap: int, count: CountTokens) -> str:
+    """One message of the transcript: a role label, its text (capped at ``cap`` tokens),
+    tool calls as ``name(args)``. Tool results use the original content, not a stub."""
+    text = _cap(content_text(message.content), cap, count)
+    if message.role == "tool":
+        label = f"TOOL RESULT ({message.name or 'tool'}, {message.tool_call_id or '?'})"
+    elif message.role == "assistant":
+        label = "ASSISTANT"
+    elif message.role == "user":
+        label = "USER"
+    else:
+        label = str(message.role).upper()
+    lines = [f"[{message.seq}] {label}: {text}".rstrip()]
+    for call in message.tool_calls or ():
+        call_id = call.get("id", "?") if isinstance(call, dict) else "?"
+        lines.append(f"  -> tool call {_cap(_call_text(call), cap, count)} [id {call_id}]")
+    return "\n".join(lines)
+
+
+def _fit(parts: list[str], budget: int, count: CountTokens) -> list[str]:
+    """Drop items from the middle until ``parts`` fits ``budget``: the opening (where the
+    user's goals usually are) and the latest state are the last to go."""
+    total = sum(count(p) for p in parts)
+    if total <= budget or len(parts) <= 2:
+        return parts
+    head, tail = [parts[0]], list(parts[1:])
+    total = count(parts[0]) + sum(count(p) for p in tail)
+    dropped = 0
+    while tail and total > budget:
+        total -= count(tail.pop(0))
+        dropped += 1
+    return [*head, f"[… {dropped} messages omitted to fit the summarizer's input …]", *tail]
+
+
+def build_transcript(
+    messages: Sequence[StoredMessage],
+    count: CountTokens,
+    *,
+    budget: int | None = None,
+) -> str:
+    """The compact transcript of ``messages``; within ``budget`` tokens when given."""
+    caps = _ITEM_CAP_STEPS if budget is not None else (ITEM_TOKEN_CAP,)
+    parts: list[str] = []
+    for cap in caps:
+        parts = [render_transcript_item(m, cap, count) for m in messages]
+        if budget is None or sum(count(p) for p in parts) <= budget:
+            return "\n\n".join(parts)
+    return "\n\n".join(_fit(parts, max(budget or 0, 0), count))
+
+
+def _default_count(text: str) -> int:
+    return max(1, len(text) // 4) if text else 0
+
+
+def build_summary_messages(
+    plan: SummarizePlan,
+    *,
+    placement_hint: Placement | None = None,
+    count_tokens: CountTokens | None = None,
+    max_input_tokens: int | None = None,
+) -> list[dict[str, Any]]:
+    """The OpenAI messages for the summarizer call of ``plan``.
+
+    A system prompt naming what to preserve, then one user message with the previous
+    summary (when ``plan.previous``, to build upon) and the transcript of
+    ``plan.messages``. Each transcript item is capped (~2,000 tokens) so the call fits;
+    with ``max_input_tokens`` the whole input is held under it.
+    """
+    count = count_tokens or _default_count
+    system = SUMMARY_SYSTEM_PROMPT
+    if placement_hint in _PLACEMENT_HINTS:
+        system += "\n\n" + _PLACEMENT_HINTS[placement_hint]
+    sections: list[str] = []
+    if plan.previous is not None:
+        previous = sanitize_summary(plan.previous.text)
+        sections.append(
+            f"## Previous summary (messages {plan.previous.from_seq}-{plan.previous.to_seq})\n"
+            f"{previous}"
+        )
+    closing = (
+        "Write the updated summary now, covering the previous summary and the new transcript."
+        if plan.previous is not None
+        else "Write the summary now."
+    )
+    heading = f"## Transcript (messages {plan.from_seq}-{plan.to_seq})"
+    budget = None
+    if max_input_tokens is not None:
+        fixed = count(system) + sum(count(s) for s in sections) + count(heading + closing)
+        # a margin for the chat format's per-message overhead
+        budget = max_input_tokens - fixed - 16
+    transcript = build_transcript(plan.messages, count, budget=budget)
+    sections.append(f"{heading}\n{transcript}")
+    sections.append(closing)
+    return [
+        {"role": "system", "content": system},
+        {"role": "user", "content": "\n\n".join(sections)},
+    ]

@@ -1,0 +1,195 @@
+"""Token counting: pure functions, offline.
+
+tiktoken downloads its BPE files on first use, which fails without network. litellm's
+wheel bundles them (cl100k_base, o200k_base, p50k_base, named by tiktoken's cache key), so
+before the first encoding is loaded ``TIKTOKEN_CACHE_DIR`` points at that directory, found
+without importing litellm. A user's own ``TIKTOKEN_CACHE_DIR`` is left alone.
+
+Message accounting follows OpenAI's chat format: a flat overhead per message plus its
+role, text, name and tool calls. Media parts are never counted as text (a base64 image
+would otherwise cost hundreds of thousands of tokens): images through ``image_tokens``,
+audio and files at a flat estimate.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import logging
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import tiktoken
+
+log = logging.getLogger(__name__)
+
+O200K = "o200k_base"
+CL100K = "cl100k_base"
+_O200K_PREFIXES = ("gpt-4o", "gpt-4.1", "gpt-4.5", "gpt-5", "o1", "o3", "o4", "chatgpt-4o")
+_CL100K_PREFIXES = ("gpt-4", "gpt-3.5", "text-embedding")
+
+TOKENS_PER_MESSAGE = 3
+TOKENS_PER_NAME = 1
+TOKENS_PER_TOOL_CALL = 3
+# placeholder until the tile formula lands: the cost of a low-detail image
+IMAGE_TOKENS = 85
+# flat estimates for parts whose size the text tokenizer cannot see
+AUDIO_PART_TOKENS = 200
+FILE_PART_TOKENS = 500
+# characters per token when no tokenizer could be loaded at all
+_FALLBACK_CHARS_PER_TOKEN = 4
+
+
+def bundled_tokenizer_dir() -> Path | None:
+    """litellm's directory of bundled tiktoken BPE files, located without importing litellm."""
+    try:
+        spec = importlib.util.find_spec("litellm")
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    roots = list(spec.submodule_search_locations or ())
+    if not roots and spec.origin:
+        roots = [str(Path(spec.origin).parent)]
+    for root in roots:
+        candidate = Path(root) / "litellm_core_utils" / "tokenizers"
+        if candidate.is_dir():
+            return candidate
+    return None
+
+
+@functools.cache
+def _use_bundled_bpe_files() -> None:
+    if "TIKTOKEN_CACHE_DIR" in os.environ:
+        return
+    directory = bundled_tokenizer_dir()
+    if directory is None:
+        return
+    os.environ["TIKTOKEN_CACHE_DIR"] = str(directory)
+    # litellm's import sets TIKTOKEN_CACHE_DIR to this one unless told otherwise
+    os.environ.setdefault("CUSTOM_TIKTOKEN_CACHE_DIR", str(directory))
+
+
+@functools.cache
+def get_encoding(name: str) -> tiktoken.Encoding | None:
+    """The named encoding, loaded once; None when it cannot be loaded (offline, no bundle)."""
+    _use_bundled_bpe_files()
+    try:
+        return tiktoken.get_encoding(name)
+    except Exception as exc:  # tiktoken raises whatever its download raised
+        log.warning("tokenizer %s unavailable (%s); estimating tokens from characters", name, exc)
+        return None
+
+
+def encoding_for_model(model: str) -> str:
+    """The tiktoken encoding name for a model id; cl100k_base for anything unknown."""
+    name = (model or "").strip().lower().rsplit("/", 1)[-1]
+    name = name.removeprefix("ft:")
+    if name.startswith(_O200K_PREFIXES):
+        return O200K
+    if name.startswith(_CL100K_PREFIXES):
+        return CL100K
+    return CL100K
+
+
+def count_text(text: str, model: str) -> int:
+    """Tokens of ``text`` for ``model`` (special-token strings count as ordinary text)."""
+    return _count(encoding_for_model(model), text)
+
+
+def make_counter(model: str) -> Callable[[str], int]:
+    """A one-argument counter for ``WindowContext.count_tokens``."""
+    return functools.partial(_count, encoding_for_model(model))
+
+
+def _count(encoding_name: str, text: str) -> int:
+    if not text:
+        return 0
+    encoding = get_encoding(encoding_name)
+    if encoding is None:
+        return -(-len(text) // _FALLBACK_CHARS_PER_TOKEN)
+    return len(encoding.encode_ordinary(text))
+
+
+def truncate_to_tokens(text: str, max_tokens: int, model: str) -> str:
+    """The longest prefix of ``text`` that is at most ``max_tokens`` tokens."""
+    if max_tokens <= 0 or not text:
+        return ""
+    encoding = get_encoding(encoding_for_model(model))
+    if encoding is None:
+        return text[: max_tokens * _FALLBACK_CHARS_PER_TOKEN]
+    tokens = encoding.encode_ordinary(text)
+    if len(tokens) <= max_tokens:
+        return text
+    # a cut inside a multi-byte character leaves a partial sequence at the end: drop it
+    return encoding.decode_bytes(tokens[:max_tokens]).decode("utf-8", errors="ignore")
+
+
+def image_tokens(part: Mapping[str, Any]) -> int:
+    """Tokens of an image part. A flat placeholder for now; the tile formula replaces it."""
+    return IMAGE_TOKENS
+
+
+def count_part(part: Any, model: str) -> int:
+    """Tokens of one content part: text as text, media by estimate, never base64 as text."""
+    if isinstance(part, str):
+        return count_text(part, model)
+    if not isinstance(part, Mapping):
+        return 0
+    kind = part.get("type")
+    if kind == "text":
+        return count_text(str(part.get("text") or ""), model)
+    if kind == "refusal":
+        return count_text(str(part.get("refusal") or ""), model)
+    if kind in ("image_url", "image"):
+        return image_tokens(part)
+    if kind in ("input_audio", "audio"):
+        return AUDIO_PART_TOKENS
+    if kind in ("file", "document"):
+        return FILE_PART_TOKENS
+    text = part.get("text")
+    return count_text(text, model) if isinstance(text, str) else 0
+
+
+def count_content(content: Any, model: str) -> int:
+    """Tokens of an OpenAI ``content`` value: None, a string or a list of parts."""
+    if content is None:
+        return 0
+    if isinstance(content, str):
+        return count_text(content, model)
+    if isinstance(content, list):
+        return sum(count_part(part, model) for part in content)
+    return count_part(content, model)
+
+
+def _field(message: Any, name: str) -> Any:
+    if isinstance(message, Mapping):
+        return message.get(name)
+    return getattr(message, name, None)
+
+
+def count_message(message: Any, model: str) -> int:
+    """Tokens one chat message costs: a dict in OpenAI's shape or a StoredMessage-like object.
+
+    3 per message, plus the role, the content, the name (+1) and each tool call's function
+    name and arguments (+3 per call). Tool call ids are not counted.
+    """
+    tokens = TOKENS_PER_MESSAGE + count_text(str(_field(message, "role") or ""), model)
+    tokens += count_content(_field(message, "content"), model)
+    name = _field(message, "name")
+    if name:
+        tokens += count_text(str(name), model) + TOKENS_PER_NAME
+    for call in _field(message, "tool_calls") or ():
+        function = call.get("function") if isinstance(call, Mapping) else None
+        if not isinstance(function, Mapping):
+            continue
+        tokens += TOKENS_PER_TOOL_CALL
+        tokens += count_text(str(function.get("name") or ""), model)
+        arguments = function.get("arguments")
+        if arguments is not None and not isinstance(arguments, str):
+            arguments = json.dumps(arguments)
+        tokens += count_text(arguments or "", model)
+    return tokens

@@ -1,0 +1,75 @@
+"""Suite-wide guards and fixtures.
+
+No test may leave the machine: any connection or name lookup to a non-loopback address
+fails the test that made it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+from collections.abc import Iterator
+
+import pytest
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+_real_connect = socket.socket.connect
+_real_connect_ex = socket.socket.connect_ex
+_real_getaddrinfo = socket.getaddrinfo
+LOCAL_NAMES = {"localhost", "127.0.0.1", "::1", "0.0.0.0", "testserver"}
+
+
+class OutsideNetworkError(RuntimeError):
+    """A test tried to reach a host that is not this machine."""
+
+
+def _is_local(host: object) -> bool:
+    if isinstance(host, bytes):
+        host = host.decode()
+    if not isinstance(host, str) or host in LOCAL_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def _guard_address(sock: socket.socket, address: object) -> None:
+    if sock.family in (socket.AF_INET, socket.AF_INET6) and isinstance(address, tuple):
+        if not _is_local(address[0]):
+            raise OutsideNetworkError(f"test tried to connect to {address!r}")
+
+
+def _connect(self: socket.socket, address: object) -> None:
+    _guard_address(self, address)
+    return _real_connect(self, address)  # type: ignore[arg-type]
+
+
+def _connect_ex(self: socket.socket, address: object) -> int:
+    _guard_address(self, address)
+    return _real_connect_ex(self, address)  # type: ignore[arg-type]
+
+
+def _getaddrinfo(host: object, *args: object, **kwargs: object) -> object:
+    if host is not None and not _is_local(host):
+        raise OutsideNetworkError(f"test tried to resolve {host!r}")
+    return _real_getaddrinfo(host, *args, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.fixture(autouse=True)
+def no_outside_network(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setattr(socket.socket, "connect", _connect)
+    monkeypatch.setattr(socket.socket, "connect_ex", _connect_ex)
+    monkeypatch.setattr(socket, "getaddrinfo", _getaddrinfo)
+    yield
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[object]:
+    """One real ``redis-server`` for the session, on a free loopback port."""
+    from redis_server import RedisServer
+
+    with RedisServer() as server:
+        yield server

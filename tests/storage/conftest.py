@@ -1,0 +1,56 @@
+"""Fixtures of the store contract suite: every backend, against a real ``redis-server``."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from redis.asyncio import Redis
+from redis_server import RedisServer, redis_server_available
+
+from storage.base import Store
+from storage.redis import RedisStore
+from storage.sqlite import SqliteStore
+
+BACKENDS = ["sqlite", "redis"]
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    if not redis_server_available():
+        pytest.skip("redis-server is not installed")
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture
+async def redis_client(redis_server: RedisServer) -> AsyncIterator[Redis]:
+    """A raw client on a flushed database, to look behind a RedisStore's back."""
+    client = Redis.from_url(redis_server.url)
+    await client.flushdb()
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def redis_store(redis_server: RedisServer, redis_client: Redis) -> AsyncIterator[RedisStore]:
+    store = RedisStore(redis_server.url)
+    await store.open()
+    yield store
+    await store.close()
+
+
+@pytest.fixture
+async def sqlite_store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
+    store = SqliteStore(f"sqlite:///{tmp_path}/store.db")
+    await store.open()
+    yield store
+    await store.close()
+
+
+@pytest.fixture(params=BACKENDS)
+def store(request: pytest.FixtureRequest) -> Store:
+    """A fresh, open store of each backend."""
+    backend: Store = request.getfixturevalue(f"{request.param}_store")
+    return backend

@@ -1,0 +1,221 @@
+"""Token counting: offline, per-model encodings, OpenAI chat accounting, media not as text."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from strategies.records import StoredMessage
+from strategies.tokens import (
+    AUDIO_PART_TOKENS,
+    FILE_PART_TOKENS,
+    IMAGE_TOKENS,
+    count_message,
+    count_text,
+    encoding_for_model,
+    image_tokens,
+    make_counter,
+    truncate_to_tokens,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+MIXED = "你好世界, مرحبا بالعالم"
+
+
+@pytest.mark.parametrize(
+    ("model", "encoding"),
+    [
+        pytest.param("gpt-4o", "o200k_base", id="gpt-4o"),
+        pytest.param("gpt-4o-mini-2024-07-18", "o200k_base", id="gpt-4o-mini"),
+        pytest.param("chatgpt-4o-latest", "o200k_base", id="chatgpt-4o"),
+        pytest.param("gpt-4.1-nano", "o200k_base", id="gpt-4.1"),
+        pytest.param("gpt-5", "o200k_base", id="gpt-5"),
+        pytest.param("o1-preview", "o200k_base", id="o1"),
+        pytest.param("o3-mini", "o200k_base", id="o3"),
+        pytest.param("o4-mini", "o200k_base", id="o4"),
+        pytest.param("openai/gpt-4o", "o200k_base", id="openai-prefix"),
+        pytest.param("azure/gpt-5-mini", "o200k_base", id="azure-prefix"),
+        pytest.param("ft:gpt-4o-mini:acme::abc", "o200k_base", id="fine-tune"),
+        pytest.param("GPT-4O", "o200k_base", id="upper-case"),
+        pytest.param("gpt-4", "cl100k_base", id="gpt-4"),
+        pytest.param("gpt-4-turbo", "cl100k_base", id="gpt-4-turbo"),
+        pytest.param("gpt-3.5-turbo", "cl100k_base", id="gpt-3.5"),
+        pytest.param("text-embedding-3-small", "cl100k_base", id="embedding"),
+        pytest.param("anthropic/claude-3-5-sonnet", "cl100k_base", id="non-openai"),
+        pytest.param("llama3", "cl100k_base", id="unknown"),
+        pytest.param("", "cl100k_base", id="empty"),
+    ],
+)
+def test_each_model_maps_to_its_encoding(model, encoding):
+    assert encoding_for_model(model) == encoding
+
+
+def test_known_strings_have_known_counts_in_both_encodings():
+    assert count_text("hello world", "gpt-4o") == 2
+    assert count_text("hello world", "gpt-4") == 2
+    assert count_text(MIXED, "gpt-4o") == 7
+    assert count_text(MIXED, "gpt-4") == 16
+    assert count_text("", "gpt-4o") == 0
+
+
+def test_special_token_text_counts_as_ordinary_text():
+    assert count_text("<|endoftext|>", "gpt-4") > 1
+
+
+def test_a_counter_counts_for_its_model():
+    assert make_counter("gpt-4o")(MIXED) == 7
+    assert make_counter("gpt-4")(MIXED) == 16
+    assert make_counter("gpt-4")("") == 0
+
+
+def test_a_message_costs_its_overhead_role_and_content():
+    # 3 per message + "user" (1) + "hello world" (2)
+    assert count_message({"role": "user", "content": "hello world"}, "gpt-4o") == 6
+    assert count_message({"role": "assistant", "content": None}, "gpt-4o") == 4
+
+
+def test_a_name_costs_its_tokens_plus_one():
+    plain = count_message({"role": "user", "content": "hi"}, "gpt-4o")
+    named = count_message({"role": "user", "content": "hi", "name": "alice"}, "gpt-4o")
+    assert named == plain + count_text("alice", "gpt-4o") + 1
+
+
+def test_tool_calls_cost_their_name_and_arguments():
+    arguments = json.dumps({"query": "weather in Paris", "units": "metric"})
+    message = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "search", "arguments": arguments}}
+        ],
+    }
+    expected = 4 + 3 + count_text("search", "gpt-4o") + count_text(arguments, "gpt-4o")
+    assert count_message(message, "gpt-4o") == expected
+
+
+def test_a_stored_message_is_counted_like_its_dict():
+    stored = StoredMessage(role="tool", content="42 degrees", tool_call_id="c1")
+    assert count_message(stored, "gpt-4") == count_message(
+        {"role": "tool", "content": "42 degrees", "tool_call_id": "c1"}, "gpt-4"
+    )
+
+
+def test_text_parts_count_as_text():
+    parts = [{"type": "text", "text": "hello"}, {"type": "text", "text": " world"}]
+    assert count_message({"role": "user", "content": parts}, "gpt-4o") == 3 + 1 + 2
+
+
+def test_an_image_is_not_counted_as_its_base64_text():
+    data_url = "data:image/png;base64," + "iVBORw0KGgo" * (1_000_000 // 11)
+    message = {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": "what is this?"},
+            {"type": "image_url", "image_url": {"url": data_url, "detail": "high"}},
+        ],
+    }
+    tokens = count_message(message, "gpt-4o")
+    assert tokens < 1000
+    assert tokens == 3 + 1 + count_text("what is this?", "gpt-4o") + IMAGE_TOKENS
+    assert image_tokens(message["content"][1]) == IMAGE_TOKENS
+
+
+@pytest.mark.parametrize(
+    ("part", "tokens"),
+    [
+        pytest.param(
+            {"type": "input_audio", "input_audio": {"data": "UklGR" * 100_000, "format": "wav"}},
+            AUDIO_PART_TOKENS,
+            id="audio",
+        ),
+        pytest.param(
+            {"type": "file", "file": {"file_data": "JVBERi0" * 100_000, "filename": "a.pdf"}},
+            FILE_PART_TOKENS,
+            id="file",
+        ),
+        pytest.param({"type": "mystery", "blob": "x" * 100_000}, 0, id="unknown-part"),
+    ],
+)
+def test_other_media_parts_cost_a_flat_estimate(part, tokens):
+    assert count_message({"role": "user", "content": [part]}, "gpt-4o") == 3 + 1 + tokens
+
+
+@pytest.mark.parametrize("model", ["gpt-4o", "gpt-4"])
+def test_truncation_keeps_a_prefix_of_at_most_the_budget(model):
+    text = "The quick brown fox jumps over the lazy dog. " * 50
+    cut = truncate_to_tokens(text, 10, model)
+    assert text.startswith(cut)
+    assert count_text(cut, model) <= 10
+    assert count_text(cut, model) >= 9
+
+
+def test_truncation_leaves_short_text_alone_and_empties_at_zero():
+    assert truncate_to_tokens("hello world", 2, "gpt-4o") == "hello world"
+    assert truncate_to_tokens("hello world", 0, "gpt-4o") == ""
+
+
+def test_truncation_never_leaves_half_a_character():
+    text = "🙂" * 20 + MIXED * 5
+    for budget in range(1, 30):
+        cut = truncate_to_tokens(text, budget, "gpt-4")
+        assert "\ufffd" not in cut
+        assert text.startswith(cut)
+
+
+_OFFLINE = """
+import json, os, socket
+
+def refuse(*args, **kwargs):
+    raise OSError("network is off in this test")
+
+socket.socket.connect = refuse
+socket.create_connection = refuse
+socket.getaddrinfo = refuse
+
+from strategies.tokens import count_text
+counts = [count_text("hello world", "gpt-4"), count_text({mixed!r}, "gpt-4o")]
+print(json.dumps({{"counts": counts, "cache": os.environ.get("TIKTOKEN_CACHE_DIR"),
+                  "custom": os.environ.get("CUSTOM_TIKTOKEN_CACHE_DIR")}}))
+"""
+
+
+def _run_offline(env_overrides: dict[str, str]) -> dict:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("TIKTOKEN_CACHE_DIR", "CUSTOM_TIKTOKEN_CACHE_DIR", "DATA_GYM_CACHE_DIR")
+    }
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env.update(env_overrides)
+    done = subprocess.run(
+        [sys.executable, "-c", _OFFLINE.format(mixed=MIXED)],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_encodings_load_offline_from_litellms_bundled_files():
+    result = _run_offline({})
+    assert result["counts"] == [2, 7]
+    assert Path(result["cache"]).name == "tokenizers"
+    assert result["custom"] == result["cache"]
+
+
+def test_a_users_own_cache_dir_is_left_alone_and_an_unloadable_encoding_is_estimated(tmp_path):
+    # an empty cache and no network: the BPE files cannot be had, so counting estimates
+    result = _run_offline({"TIKTOKEN_CACHE_DIR": str(tmp_path)})
+    assert result["cache"] == str(tmp_path)
+    assert result["custom"] is None
+    assert result["counts"] == [math.ceil(len("hello world") / 4), math.ceil(len(MIXED) / 4)]
