@@ -60,9 +60,11 @@ class _QuietCut(logging.Filter):
 logging.getLogger("uvicorn.error").addFilter(_QuietCut())
 
 
-def _error_type(status: int) -> str:
-    return {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+def _error_json(status: int, message: str) -> bytes:
+    kind = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
             404: "not_found_error", 429: "rate_limit_error"}.get(status, "api_error")
+    return orjson.dumps({"error": {"message": message, "type": kind, "param": None,
+                                   "code": None}})
 
 
 def _normalize_tool_call(call: dict[str, Any]) -> dict[str, Any]:
@@ -121,10 +123,10 @@ class Reply:
     ) -> Reply:
         """An error status; ``body`` defaults to an OpenAI-shaped error."""
         if body is None:
-            body = {"error": {"message": f"fake upstream error {status}",
-                              "type": _error_type(status), "param": None, "code": None}}
-        raw = body if isinstance(body, bytes) else (
-            body.encode() if isinstance(body, str) else orjson.dumps(body))
+            raw = _error_json(status, f"fake upstream error {status}")
+        else:
+            raw = body if isinstance(body, bytes) else (
+                body.encode() if isinstance(body, str) else orjson.dumps(body))
         return cls(content=None, status=status, error_body=raw, content_type=content_type)
 
     @classmethod
@@ -344,18 +346,12 @@ class FakeUpstream:
         if method == "GET" and path.endswith("/models"):
             await _respond(send, 200, _JSON, self._models_body)
         elif method == "POST" and path.endswith("/chat/completions"):
-            if not isinstance(body, dict):
-                error = Reply.error(400, {"error": {"message": "body is not a JSON object",
-                                                    "type": "invalid_request_error",
-                                                    "param": None, "code": None}})
-                await _respond(send, 400, _JSON, error.error_body)
-                return
-            await self._chat(body, receive, send)
+            if isinstance(body, dict):
+                await self._chat(body, receive, send)
+            else:
+                await _respond(send, 400, _JSON, _error_json(400, "body is not a JSON object"))
         else:
-            error = Reply.error(404, {"error": {"message": f"no route {method} {path}",
-                                                "type": "not_found_error", "param": None,
-                                                "code": None}})
-            await _respond(send, 404, _JSON, error.error_body)
+            await _respond(send, 404, _JSON, _error_json(404, f"no route {method} {path}"))
 
     def _next_reply(self, body: dict[str, Any]) -> Reply:
         with self._lock:

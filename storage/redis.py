@@ -153,6 +153,10 @@ class RedisStore:
                 message.compressed_content or "",
                 _encode_message(message, now),
             )
+        stubs = write.compressed or {}
+        args.append(len(stubs))
+        for seq, stub in stubs.items():
+            args += (seq, stub or "")
         member = orjson.dumps([key.namespace, key.session])
 
         def indexes(pipe: Pipeline) -> None:

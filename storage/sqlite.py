@@ -393,6 +393,11 @@ def _append(
                  message.compressed_content or None, _encode_message(message, now))
             )  # fmt: skip
         conn.executemany(INSERT_MESSAGE, rows)
+        if write.compressed:
+            conn.executemany(
+                f"UPDATE messages SET compressed = ? WHERE {KEY} AND seq = ?",
+                [(stub or None, *ids, seq) for seq, stub in write.compressed.items()],
+            )
         first = meta.head_seq + 1
         meta.head_seq += len(rows)
         meta.active_count += len(rows)

@@ -12,6 +12,7 @@ import socket
 from collections.abc import Iterator
 
 import pytest
+from redis_server import RedisServer
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
@@ -67,9 +68,7 @@ def no_outside_network(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
-def redis_server() -> Iterator[object]:
+def redis_server() -> Iterator[RedisServer]:
     """One real ``redis-server`` for the session, on a free loopback port."""
-    from redis_server import RedisServer
-
     with RedisServer() as server:
         yield server

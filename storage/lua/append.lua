@@ -1,7 +1,8 @@
 -- One turn's write. KEYS: meta, msgs, active, users, stubs, tools
 -- ARGV: now, count, supersede_after ('' = none), supersede_until ('' = head),
 --       nfields, (meta field, value) * nfields,
---       (fingerprint, role, tool_call_id, stub, body) * count
+--       (fingerprint, role, tool_call_id, stub, body) * count,
+--       nstubs, (seq, stub or '' to clear) * nstubs   -- compression stubs of older messages
 -- body is the message JSON without seq and chain; it always starts with '{"'.
 -- Returns {first seq, superseded count, meta}.
 local meta, msgs, active, users, stubs, tools = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
@@ -44,6 +45,14 @@ for i = 0, count - 1 do
   if call_id ~= '' then
     local seen = redis.call('HGET', tools, call_id)
     redis.call('HSET', tools, call_id, seen and (seen .. ' ' .. head) or head)
+  end
+end
+
+local at = base + 5 * count + 1
+for i = 0, tonumber(ARGV[at]) - 1 do
+  local seq, stub = ARGV[at + 1 + 2 * i], ARGV[at + 2 + 2 * i]
+  if redis.call('HEXISTS', msgs, seq) == 1 then
+    if stub == '' then redis.call('HDEL', stubs, seq) else redis.call('HSET', stubs, seq, stub) end
   end
 end
 

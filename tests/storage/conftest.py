@@ -2,26 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from redis.asyncio import Redis
-from redis_server import RedisServer, redis_server_available
+from redis_server import RedisServer
 
 from storage.base import Store
 from storage.redis import RedisStore
 from storage.sqlite import SqliteStore
 
 BACKENDS = ["sqlite", "redis"]
-
-
-@pytest.fixture(scope="session")
-def redis_server() -> Iterator[RedisServer]:
-    if not redis_server_available():
-        pytest.skip("redis-server is not installed")
-    with RedisServer() as server:
-        yield server
 
 
 @pytest.fixture

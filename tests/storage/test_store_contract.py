@@ -408,6 +408,20 @@ async def test_set_compressed_is_lossless_and_can_be_cleared(store: Store) -> No
     assert compressed.tokens == cleared.tokens == len("a very long result")
 
 
+async def test_a_turn_write_carries_stubs_for_older_messages_in_the_same_operation(
+    store: Store,
+) -> None:
+    await append(store, user("q"), assistant("a", ["c1"]), tool("c1", "a very long result"))
+
+    await store.append_turn(
+        KEY, TurnWrite(messages=[assistant("read it")], compressed={3: "[stub of c1]", 99: "x"})
+    )
+    loaded = (await store.load(KEY, LoadSpec())).messages
+
+    assert [m.compressed_content for m in loaded] == [None, None, "[stub of c1]", None]
+    assert loaded[2].content == "a very long result"
+
+
 async def test_a_message_can_be_stored_already_compressed(store: Store) -> None:
     stored = tool("c1", "original")
     stored.compressed_content = "stub"
