@@ -46,7 +46,11 @@ def build_upstream(settings: Settings) -> Upstream:
     direct = OpenAIUpstream(
         settings.upstream_url, api_key=settings.upstream_key(), timeout=settings.upstream_timeout
     )
-    return RoutedUpstream(direct, lambda: LitellmUpstream(api_key=settings.upstream_key()))
+    return RoutedUpstream(
+        direct,
+        lambda: LitellmUpstream(api_key=settings.upstream_key()),
+        prefixes=None if settings.litellm_routing else frozenset(),
+    )
 
 
 async def health(request: Request) -> Response:

@@ -31,12 +31,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="port (default 4000)")
     serve.add_argument("--store-url", help="sqlite:///path or redis://host:port/db")
     serve.add_argument("--upstream-url", help="OpenAI-compatible base URL (default OpenAI)")
-    serve.add_argument("--upstream-api-key", help="key for the upstream (else the client's is forwarded)")
+    serve.add_argument(
+        "--upstream-api-key", help="key for the upstream (else the client's is forwarded)"
+    )
     serve.add_argument("--agents-dir", help="folder of agent definition JSON files")
     serve.add_argument("--admin-token", help="token for /memory and /admin")
     serve.add_argument("--workers", type=int, help="worker processes (use a redis:// store)")
     serve.add_argument("--log-level", help="debug, info, warning, error")
-    demo = commands.add_parser("demo", help="a scripted agent session against a built-in fake model")
+    demo = commands.add_parser(
+        "demo", help="a scripted agent session against a built-in fake model"
+    )
     demo.add_argument("--turns", type=int, default=8, help="number of user turns")
     return parser
 

@@ -39,22 +39,33 @@ def validate_messages(messages: Any) -> list[dict[str, Any]]:
             )
         content = message.get("content")
         if content is not None and not isinstance(content, str | list):
-            raise BadRequest(f"{param}.content must be a string or an array", param=f"{param}.content")
+            raise BadRequest(
+                f"{param}.content must be a string or an array", param=f"{param}.content"
+            )
         if isinstance(content, list) and not all(isinstance(p, dict) for p in content):
             raise BadRequest(f"{param}.content parts must be objects", param=f"{param}.content")
         if role == "tool" and not isinstance(message.get("tool_call_id"), str):
-            raise BadRequest(f"{param}.tool_call_id is required for tool messages", param=f"{param}.tool_call_id")
+            raise BadRequest(
+                f"{param}.tool_call_id is required for tool messages", param=f"{param}.tool_call_id"
+            )
         calls = message.get("tool_calls")
         if calls is not None:
             if role != "assistant" or not isinstance(calls, list):
-                raise BadRequest(f"{param}.tool_calls must be an array on an assistant message", param=f"{param}.tool_calls")
+                raise BadRequest(
+                    f"{param}.tool_calls must be an array on an assistant message",
+                    param=f"{param}.tool_calls",
+                )
             for call in calls:
                 if not isinstance(call, dict) or not isinstance(call.get("id"), str):
-                    raise BadRequest(f"{param}.tool_calls entries need an id", param=f"{param}.tool_calls")
+                    raise BadRequest(
+                        f"{param}.tool_calls entries need an id", param=f"{param}.tool_calls"
+                    )
     return messages
 
 
-def split_system(messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def split_system(
+    messages: list[dict[str, Any]],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Leading system/developer messages are the system prompt; the rest is conversation."""
     cut = 0
     while cut < len(messages) and messages[cut].get("role") in SYSTEM_ROLES:
@@ -72,7 +83,9 @@ def _canonical_content(content: Any) -> Any:
         if all(isinstance(p, dict) and p.get("type") == "text" for p in content):
             return "".join(str(p.get("text", "")) for p in content)
         return [
-            {k: v for k, v in sorted(p.items()) if k != "cache_control"} if isinstance(p, dict) else p
+            {k: v for k, v in sorted(p.items()) if k != "cache_control"}
+            if isinstance(p, dict)
+            else p
             for p in content
         ]
     return content
@@ -85,7 +98,11 @@ def canonical(message: Mapping[str, Any]) -> dict[str, Any]:
     calls = message.get("tool_calls")
     if calls:
         form["t"] = [
-            [c.get("id"), (c.get("function") or {}).get("name"), (c.get("function") or {}).get("arguments")]
+            [
+                c.get("id"),
+                (c.get("function") or {}).get("name"),
+                (c.get("function") or {}).get("arguments"),
+            ]
             for c in calls
         ]
     if role == "tool":
@@ -144,7 +161,9 @@ def plan_sync(
     if mode == "delta":
         return SyncPlan(mode, new=list(range(len(conversation))), keep_through=meta.head_seq)
     matched = snapshot.matched
-    plan = SyncPlan(mode, new=list(range(matched, len(conversation))), keep_through=snapshot.matched_seq)
+    plan = SyncPlan(
+        mode, new=list(range(matched, len(conversation))), keep_through=snapshot.matched_seq
+    )
     # anything active after the matched point is history the client no longer has
     if meta.active_count and snapshot.matched_seq < meta.head_seq:
         plan.rewind = True
@@ -160,7 +179,11 @@ def check_tool_results(
     for index, message in enumerate(conversation):
         for call in message.get("tool_calls") or ():
             ids.add(call["id"])
-        if index in new and message.get("role") == "tool" and message.get("tool_call_id") not in ids:
+        if (
+            index in new
+            and message.get("role") == "tool"
+            and message.get("tool_call_id") not in ids
+        ):
             raise BadRequest(
                 f"messages: tool result for unknown tool_call_id {message.get('tool_call_id')!r}",
                 param="messages",

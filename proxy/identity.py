@@ -60,7 +60,9 @@ def _text_of(message: Mapping[str, Any] | None) -> str:
         return content
     if isinstance(content, list):
         return "\n".join(
-            str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text"
+            str(p.get("text", ""))
+            for p in content
+            if isinstance(p, dict) and p.get("type") == "text"
         )
     return ""
 

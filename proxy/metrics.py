@@ -11,7 +11,9 @@ COUNTERS: Counter[tuple[str, tuple[tuple[str, str], ...]]] = Counter()
 HELP = {
     "memory_proxy_turns_total": "Chat turns handled, by strategy and outcome.",
     "memory_proxy_window_tokens_total": "Estimated tokens sent upstream in windows.",
-    "memory_proxy_context_modified_total": "Turns whose window was trimmed, compressed or summarized.",
+    "memory_proxy_context_modified_total": (
+        "Turns whose window was trimmed, compressed or summarized."
+    ),
     "memory_proxy_summaries_total": "Summaries and compactions written, by kind.",
     "memory_proxy_errors_total": "Errors answered, by type.",
 }

@@ -9,6 +9,7 @@ from starlette.requests import Request
 
 from proxy.errors import BadRequest, PayloadTooLarge
 
+
 async def read_body(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -34,4 +35,3 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise BadRequest("request body must be a JSON object", code="invalid_json")
     return data
-

@@ -18,8 +18,12 @@ logger = logging.getLogger("memory_proxy")
 HTTP_ERROR_TYPES = {404: "not_found_error", 405: "invalid_request_error"}
 
 
-def json_response(data: Any, *, status_code: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(orjson.dumps(data), status_code=status_code, media_type="application/json", headers=headers)
+def json_response(
+    data: Any, *, status_code: int = 200, headers: dict[str, str] | None = None
+) -> Response:
+    return Response(
+        orjson.dumps(data), status_code=status_code, media_type="application/json", headers=headers
+    )
 
 
 def error_response(status: int, message: str, error_type: str, code: str | None = None) -> Response:
@@ -38,7 +42,9 @@ async def proxy_error_handler(request: Request, exc: Exception) -> Response:
 async def http_error_handler(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     return error_response(
-        exc.status_code, str(exc.detail), HTTP_ERROR_TYPES.get(exc.status_code, "invalid_request_error")
+        exc.status_code,
+        str(exc.detail),
+        HTTP_ERROR_TYPES.get(exc.status_code, "invalid_request_error"),
     )
 
 

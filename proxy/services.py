@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
 from collections import OrderedDict
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,7 +54,7 @@ class Services:
         if not task.cancelled() and task.exception() is not None:
             logger.error("background task %s failed", task.get_name(), exc_info=task.exception())
 
-    async def drain(self, timeout: float = 10.0) -> None:
+    async def drain(self, wait: float = 10.0) -> None:
         """Wait for background work (shutdown, tests)."""
         if self.tasks:
-            await asyncio.wait(list(self.tasks), timeout=timeout)
+            await asyncio.wait(list(self.tasks), timeout=wait)

@@ -24,6 +24,9 @@ class Settings(BaseSettings):
     # dotted path ("module:attr" or "module.attr") of the LlmMessageMapper to use
     mapper: str = "strategies.mapper:MessageToLlmMessageMapper"
     part_reader: str | None = None
+    # send provider-prefixed model ids (anthropic/..., gemini/...) through litellm; turn off
+    # when the upstream itself takes such ids (an OpenRouter-style gateway)
+    litellm_routing: bool = True
     default_context_window: int = 128_000
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
     upstream_timeout: float = 600.0

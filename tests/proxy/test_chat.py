@@ -18,25 +18,39 @@ def test_a_non_streaming_turn_is_answered_and_stored(proxy, fake):
     fake.queue(Reply.text("Hello there"))
     client = proxy.client("helper", "s1")
     reply = client.chat.completions.create(
-        model="gpt-4o", messages=[{"role": "system", "content": "Be brief."},
-                                  {"role": "user", "content": "hi"}])
+        model="gpt-4o",
+        messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}],
+    )
     assert reply.choices[0].message.content == "Hello there"
-    assert sent_messages(fake) == [{"role": "system", "content": "Be brief."},
-                                   {"role": "user", "content": "hi"}]
+    assert sent_messages(fake) == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "hi"},
+    ]
     stored = proxy.stored("helper", "s1")
     assert [(m.role, m.content) for m in stored] == [("user", "hi"), ("assistant", "Hello there")]
     assert all(m.tokens > 0 for m in stored)
     assert proxy.snapshot("helper", "s1").meta.system_prompt == [
-        {"role": "system", "content": "Be brief."}]
+        {"role": "system", "content": "Be brief."}
+    ]
 
 
 def test_a_delta_client_gets_its_history_added(proxy, fake):
     client = proxy.client("helper", "s2")
     fake.queue(Reply.text("Noted: 4711."), Reply.text("It is 4711."))
-    client.chat.completions.create(model="gpt-4o", messages=[
-        {"role": "system", "content": "sys"}, {"role": "user", "content": "My order is 4711."}])
-    client.chat.completions.create(model="gpt-4o", messages=[
-        {"role": "system", "content": "sys"}, {"role": "user", "content": "What is my order?"}])
+    client.chat.completions.create(
+        model="gpt-4o",
+        messages=[
+            {"role": "system", "content": "sys"},
+            {"role": "user", "content": "My order is 4711."},
+        ],
+    )
+    client.chat.completions.create(
+        model="gpt-4o",
+        messages=[
+            {"role": "system", "content": "sys"},
+            {"role": "user", "content": "What is my order?"},
+        ],
+    )
     assert sent_messages(fake) == [
         {"role": "system", "content": "sys"},
         {"role": "user", "content": "My order is 4711."},
@@ -48,8 +62,13 @@ def test_a_delta_client_gets_its_history_added(proxy, fake):
 
 def test_a_delta_client_without_a_system_prompt_gets_the_stored_one(proxy, fake):
     client = proxy.client("helper", "s3")
-    client.chat.completions.create(model="gpt-4o", messages=[
-        {"role": "system", "content": "You are terse."}, {"role": "user", "content": "a"}])
+    client.chat.completions.create(
+        model="gpt-4o",
+        messages=[
+            {"role": "system", "content": "You are terse."},
+            {"role": "user", "content": "a"},
+        ],
+    )
     client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "b"}])
     assert sent_messages(fake)[0] == {"role": "system", "content": "You are terse."}
 
@@ -60,11 +79,21 @@ def test_a_full_history_client_never_creates_duplicates(proxy, fake):
     for n in range(4):
         fake.queue(Reply.text(f"answer {n}"))
         reply = client.chat.completions.create(model="gpt-4o", messages=history)
-        history += [{"role": "assistant", "content": reply.choices[0].message.content},
-                    {"role": "user", "content": f"next {n}"}]
+        history += [
+            {"role": "assistant", "content": reply.choices[0].message.content},
+            {"role": "user", "content": f"next {n}"},
+        ]
     stored = proxy.stored("helper", "full")
     assert [m.content for m in stored] == [
-        "one", "answer 0", "next 0", "answer 1", "next 1", "answer 2", "next 2", "answer 3"]
+        "one",
+        "answer 0",
+        "next 0",
+        "answer 1",
+        "next 1",
+        "answer 2",
+        "next 2",
+        "answer 3",
+    ]
     # what the model got on the last turn is exactly the client's history
     assert sent_messages(fake) == history[:-2]
 
@@ -73,8 +102,11 @@ def test_a_full_history_client_that_rewinds_supersedes_later_messages(proxy, fak
     client = proxy.client("helper", "rewind")
     fake.queue(Reply.text("A1"), Reply.text("A2"), Reply.text("A2 again"))
     client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "Q1"}])
-    h = [{"role": "user", "content": "Q1"}, {"role": "assistant", "content": "A1"},
-         {"role": "user", "content": "Q2"}]
+    h = [
+        {"role": "user", "content": "Q1"},
+        {"role": "assistant", "content": "A1"},
+        {"role": "user", "content": "Q2"},
+    ]
     client.chat.completions.create(model="gpt-4o", messages=h)
     # regenerate: the same history again -> A2 superseded, a new reply stored
     client.chat.completions.create(model="gpt-4o", messages=h)
@@ -82,20 +114,34 @@ def test_a_full_history_client_that_rewinds_supersedes_later_messages(proxy, fak
     assert [m.content for m in stored] == ["Q1", "A1", "Q2", "A2 again"]
     # edit the second question: everything after the common prefix is superseded
     fake.queue(Reply.text("B2"))
-    client.chat.completions.create(model="gpt-4o", messages=[*h[:2], {"role": "user", "content": "Q2 edited"}])
+    client.chat.completions.create(
+        model="gpt-4o", messages=[*h[:2], {"role": "user", "content": "Q2 edited"}]
+    )
     assert [m.content for m in proxy.stored("helper", "rewind")] == ["Q1", "A1", "Q2 edited", "B2"]
     assert sent_messages(fake) == [*h[:2], {"role": "user", "content": "Q2 edited"}]
     # a user-only request looks like a delta; a client editing its first message says so
     fake.queue(Reply.text("C1"))
-    client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "Q1 edited"}],
-                                   extra_headers={"X-Memory-History": "full"})
+    client.chat.completions.create(
+        model="gpt-4o",
+        messages=[{"role": "user", "content": "Q1 edited"}],
+        extra_headers={"X-Memory-History": "full"},
+    )
     assert [m.content for m in proxy.stored("helper", "rewind")] == ["Q1 edited", "C1"]
     assert sent_messages(fake) == [{"role": "user", "content": "Q1 edited"}]
     # superseded messages are kept
     key = proxy.key("helper", "rewind")
     kept = proxy.call(proxy.services.store.get_messages(key, list(range(1, 10))))
     assert [m.content for m in kept] == [
-        "Q1", "A1", "Q2", "A2", "A2 again", "Q2 edited", "B2", "Q1 edited", "C1"]
+        "Q1",
+        "A1",
+        "Q2",
+        "A2",
+        "A2 again",
+        "Q2 edited",
+        "B2",
+        "Q1 edited",
+        "C1",
+    ]
 
 
 def test_the_history_header_overrides_auto_detection(proxy, fake):
@@ -111,17 +157,32 @@ def test_the_history_header_overrides_auto_detection(proxy, fake):
     assert [m.content for m in proxy.stored("helper", "hdr")][:4] == ["x", "first", "note", "y"]
 
 
-
-
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 def test_request_fields_pass_through_untouched(proxy, fake, stream):
     client = proxy.client("helper", f"fields-{stream}")
-    tools = [{"type": "function", "function": {"name": "lookup", "description": "d",
-                                                "parameters": {"type": "object", "properties": {}}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "lookup",
+                "description": "d",
+                "parameters": {"type": "object", "properties": {}},
+            },
+        }
+    ]
     kwargs = dict(
-        model="gpt-4o", messages=[{"role": "user", "content": "hi"}], tools=tools,
-        tool_choice="auto", response_format={"type": "json_object"}, temperature=0.3, n=1,
-        top_p=0.9, seed=7, max_tokens=50, user="u-1", stop=["END"],
+        model="gpt-4o",
+        messages=[{"role": "user", "content": "hi"}],
+        tools=tools,
+        tool_choice="auto",
+        response_format={"type": "json_object"},
+        temperature=0.3,
+        n=1,
+        top_p=0.9,
+        seed=7,
+        max_tokens=50,
+        user="u-1",
+        stop=["END"],
     )
     if stream:
         kwargs["stream_options"] = {"include_usage": True}
@@ -129,8 +190,18 @@ def test_request_fields_pass_through_untouched(proxy, fake, stream):
     else:
         client.chat.completions.create(**kwargs)
     body = fake.chat_requests[-1].body
-    for field in ("tools", "tool_choice", "response_format", "temperature", "n", "top_p",
-                  "seed", "max_tokens", "user", "stop"):
+    for field in (
+        "tools",
+        "tool_choice",
+        "response_format",
+        "temperature",
+        "n",
+        "top_p",
+        "seed",
+        "max_tokens",
+        "user",
+        "stop",
+    ):
         assert body[field] == kwargs[field], field
     if stream:
         assert body["stream_options"] == {"include_usage": True}
@@ -139,8 +210,11 @@ def test_request_fields_pass_through_untouched(proxy, fake, stream):
 def test_a_stream_is_relayed_and_the_reply_stored(proxy, fake):
     fake.queue(Reply.text("one two three four"))
     client = proxy.client("helper", "stream")
-    chunks = list(client.chat.completions.create(
-        model="gpt-4o", messages=[{"role": "user", "content": "count"}], stream=True))
+    chunks = list(
+        client.chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": "count"}], stream=True
+        )
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == "one two three four"
     # usage was asked of the upstream for calibration, but not shown to this client
@@ -150,40 +224,69 @@ def test_a_stream_is_relayed_and_the_reply_stored(proxy, fake):
 
 
 def test_streamed_tool_calls_are_accumulated_and_stored(proxy, fake):
-    fake.queue(Reply.tool_calls([
-        {"id": "call_a", "name": "search", "arguments": {"q": "weather in Paris", "limit": 3}},
-        {"id": "call_b", "name": "clock", "arguments": {"tz": "Europe/Paris"}},
-    ]))
+    fake.queue(
+        Reply.tool_calls(
+            [
+                {
+                    "id": "call_a",
+                    "name": "search",
+                    "arguments": {"q": "weather in Paris", "limit": 3},
+                },
+                {"id": "call_b", "name": "clock", "arguments": {"tz": "Europe/Paris"}},
+            ]
+        )
+    )
     client = proxy.client("helper", "tools")
-    chunks = list(client.chat.completions.create(
-        model="gpt-4o", messages=[{"role": "user", "content": "weather?"}], stream=True))
+    chunks = list(
+        client.chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": "weather?"}], stream=True
+        )
+    )
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
     reply = proxy.stored("helper", "tools")[-1]
     assert reply.role == "assistant"
     assert [(c["id"], c["function"]["name"]) for c in reply.tool_calls] == [
-        ("call_a", "search"), ("call_b", "clock")]
-    assert reply.tool_calls[0]["function"]["arguments"] == '{"q":"weather in Paris","limit":3}' \
+        ("call_a", "search"),
+        ("call_b", "clock"),
+    ]
+    assert (
+        reply.tool_calls[0]["function"]["arguments"] == '{"q":"weather in Paris","limit":3}'
         or '"weather in Paris"' in reply.tool_calls[0]["function"]["arguments"]
+    )
     # the client answers with tool results only (a delta): the window keeps call and results
     fake.queue(Reply.text("Sunny, 14:00."))
-    client.chat.completions.create(model="gpt-4o", messages=[
-        {"role": "tool", "tool_call_id": "call_a", "content": "sunny"},
-        {"role": "tool", "tool_call_id": "call_b", "content": "14:00"},
-    ])
+    client.chat.completions.create(
+        model="gpt-4o",
+        messages=[
+            {"role": "tool", "tool_call_id": "call_a", "content": "sunny"},
+            {"role": "tool", "tool_call_id": "call_b", "content": "14:00"},
+        ],
+    )
     sent = sent_messages(fake)
     assert [m["role"] for m in sent] == ["user", "assistant", "tool", "tool"]
     assert sent[1]["tool_calls"] == reply.tool_calls
 
 
 def test_upstream_errors_pass_through_with_status_and_body(proxy, fake):
-    body = {"error": {"message": "slow down", "type": "rate_limit_error", "param": None,
-                      "code": "rate_limit_exceeded"}}
+    body = {
+        "error": {
+            "message": "slow down",
+            "type": "rate_limit_error",
+            "param": None,
+            "code": "rate_limit_exceeded",
+        }
+    }
     fake.queue(Reply.error(429, body), Reply.error(429, body))
     for stream in (False, True):
-        response = httpx.post(f"{proxy.url('helper', 'err')}/chat/completions",
-                              json={"model": "gpt-4o", "stream": stream,
-                                    "messages": [{"role": "user", "content": "hi"}]},
-                              headers={"Authorization": f"Bearer {CLIENT_KEY}"})
+        response = httpx.post(
+            f"{proxy.url('helper', 'err')}/chat/completions",
+            json={
+                "model": "gpt-4o",
+                "stream": stream,
+                "messages": [{"role": "user", "content": "hi"}],
+            },
+            headers={"Authorization": f"Bearer {CLIENT_KEY}"},
+        )
         assert response.status_code == 429
         assert response.json() == body
     assert proxy.stored("helper", "err") == []
@@ -191,10 +294,12 @@ def test_upstream_errors_pass_through_with_status_and_body(proxy, fake):
 
 def test_a_stream_cut_mid_way_ends_with_an_error_event_and_stores_nothing(proxy, fake):
     fake.queue(Reply.stream_cut(after_chunks=3, text="a b c d e f g"))
-    with httpx.stream("POST", f"{proxy.url('helper', 'cut')}/chat/completions",
-                      json={"model": "gpt-4o", "stream": True,
-                            "messages": [{"role": "user", "content": "hi"}]},
-                      headers={"Authorization": f"Bearer {CLIENT_KEY}"}) as response:
+    with httpx.stream(
+        "POST",
+        f"{proxy.url('helper', 'cut')}/chat/completions",
+        json={"model": "gpt-4o", "stream": True, "messages": [{"role": "user", "content": "hi"}]},
+        headers={"Authorization": f"Bearer {CLIENT_KEY}"},
+    ) as response:
         events = [line for line in response.iter_lines() if line.startswith("data: ")]
     assert events[-1] != "data: [DONE]"
     assert '"error"' in events[-1]
@@ -202,20 +307,24 @@ def test_a_stream_cut_mid_way_ends_with_an_error_event_and_stores_nothing(proxy,
 
 
 def test_every_stream_ends_with_done(proxy, fake):
-    with httpx.stream("POST", f"{proxy.url('helper', 'done')}/chat/completions",
-                      json={"model": "gpt-4o", "stream": True,
-                            "messages": [{"role": "user", "content": "hi"}]},
-                      headers={"Authorization": f"Bearer {CLIENT_KEY}"}) as response:
+    with httpx.stream(
+        "POST",
+        f"{proxy.url('helper', 'done')}/chat/completions",
+        json={"model": "gpt-4o", "stream": True, "messages": [{"role": "user", "content": "hi"}]},
+        headers={"Authorization": f"Bearer {CLIENT_KEY}"},
+    ) as response:
         events = [line for line in response.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "data: [DONE]"
 
 
 def test_a_client_that_disconnects_cancels_the_upstream_call(proxy, fake):
     fake.queue(Reply.text(" ".join(["word"] * 200), delay_between_chunks=0.05))
-    with httpx.stream("POST", f"{proxy.url('helper', 'gone')}/chat/completions",
-                      json={"model": "gpt-4o", "stream": True,
-                            "messages": [{"role": "user", "content": "talk"}]},
-                      headers={"Authorization": f"Bearer {CLIENT_KEY}"}) as response:
+    with httpx.stream(
+        "POST",
+        f"{proxy.url('helper', 'gone')}/chat/completions",
+        json={"model": "gpt-4o", "stream": True, "messages": [{"role": "user", "content": "talk"}]},
+        headers={"Authorization": f"Bearer {CLIENT_KEY}"},
+    ) as response:
         for line in response.iter_lines():
             if "word" in line:
                 break
@@ -233,18 +342,22 @@ def test_models_are_forwarded_and_health_and_ready_answer(proxy, fake):
 def test_the_client_key_is_forwarded_unless_an_upstream_key_is_set(make_proxy, fake):
     plain = make_proxy()
     plain.client("a", "b").chat.completions.create(
-        model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
+        model="gpt-4o", messages=[{"role": "user", "content": "hi"}]
+    )
     assert fake.chat_requests[-1].headers["authorization"] == f"Bearer {CLIENT_KEY}"
     keyed = make_proxy(upstream_api_key="sk-upstream")
     keyed.client("a", "b").chat.completions.create(
-        model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
+        model="gpt-4o", messages=[{"role": "user", "content": "hi"}]
+    )
     assert fake.chat_requests[-1].headers["authorization"] == "Bearer sk-upstream"
 
 
 def test_response_headers_name_agent_session_and_strategy(proxy, fake):
-    response = httpx.post(f"{proxy.url('helper', 'hdrs')}/chat/completions",
-                          json={"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]},
-                          headers={"Authorization": f"Bearer {CLIENT_KEY}"})
+    response = httpx.post(
+        f"{proxy.url('helper', 'hdrs')}/chat/completions",
+        json={"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]},
+        headers={"Authorization": f"Bearer {CLIENT_KEY}"},
+    )
     assert response.headers["x-memory-agent"] == "helper"
     assert response.headers["x-memory-session"] == "hdrs"
     assert response.headers["x-memory-strategy"] == "summarizing_window"
@@ -252,22 +365,40 @@ def test_response_headers_name_agent_session_and_strategy(proxy, fake):
     assert response.headers["x-memory-context-modified"] == "false"
 
 
-@pytest.mark.parametrize("payload, status", [
-    pytest.param(b"{not json", 400, id="malformed-json"),
-    pytest.param(b"[]", 400, id="not-an-object"),
-    pytest.param(b'{"model":"m","messages":[]}', 400, id="empty-messages"),
-    pytest.param(b'{"model":"m","messages":[{"role":"wizard","content":"x"}]}', 400, id="unknown-role"),
-    pytest.param(b'{"model":"m","messages":[{"role":"user","content":5}]}', 400, id="wrong-content-type"),
-    pytest.param(b'{"model":"m","messages":[{"role":"tool","content":"x"}]}', 400, id="tool-without-id"),
-    pytest.param(b'{"model":"m","messages":[{"role":"user","content":"x"},'
-                 b'{"role":"tool","tool_call_id":"nope","content":"x"}]}', 400, id="orphan-tool-result"),
-    pytest.param(b'{"model":"m","stream":"yes","messages":[{"role":"user","content":"x"}]}', 400,
-                 id="stream-not-bool"),
-])
+@pytest.mark.parametrize(
+    "payload, status",
+    [
+        pytest.param(b"{not json", 400, id="malformed-json"),
+        pytest.param(b"[]", 400, id="not-an-object"),
+        pytest.param(b'{"model":"m","messages":[]}', 400, id="empty-messages"),
+        pytest.param(
+            b'{"model":"m","messages":[{"role":"wizard","content":"x"}]}', 400, id="unknown-role"
+        ),
+        pytest.param(
+            b'{"model":"m","messages":[{"role":"user","content":5}]}', 400, id="wrong-content-type"
+        ),
+        pytest.param(
+            b'{"model":"m","messages":[{"role":"tool","content":"x"}]}', 400, id="tool-without-id"
+        ),
+        pytest.param(
+            b'{"model":"m","messages":[{"role":"user","content":"x"},'
+            b'{"role":"tool","tool_call_id":"nope","content":"x"}]}',
+            400,
+            id="orphan-tool-result",
+        ),
+        pytest.param(
+            b'{"model":"m","stream":"yes","messages":[{"role":"user","content":"x"}]}',
+            400,
+            id="stream-not-bool",
+        ),
+    ],
+)
 def test_bad_input_gets_an_openai_shaped_4xx_and_stores_nothing(proxy, fake, payload, status):
-    response = httpx.post(f"{proxy.url('helper', 'bad')}/chat/completions", content=payload,
-                          headers={"Authorization": f"Bearer {CLIENT_KEY}",
-                                   "content-type": "application/json"})
+    response = httpx.post(
+        f"{proxy.url('helper', 'bad')}/chat/completions",
+        content=payload,
+        headers={"Authorization": f"Bearer {CLIENT_KEY}", "content-type": "application/json"},
+    )
     assert response.status_code == status
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["message"]
@@ -277,8 +408,10 @@ def test_bad_input_gets_an_openai_shaped_4xx_and_stores_nothing(proxy, fake, pay
 
 def test_a_body_over_the_limit_gets_a_413(make_proxy, fake):
     proxy = make_proxy(max_body_bytes=4096)
-    response = httpx.post(f"{proxy.url('helper', 'big')}/chat/completions",
-                          json={"model": "m", "messages": [{"role": "user", "content": "x" * 10_000}]})
+    response = httpx.post(
+        f"{proxy.url('helper', 'big')}/chat/completions",
+        json={"model": "m", "messages": [{"role": "user", "content": "x" * 10_000}]},
+    )
     assert response.status_code == 413
     assert response.json()["error"]["code"] == "request_too_large"
 
@@ -287,15 +420,21 @@ def test_openai_sdk_errors_map_cleanly(proxy, fake):
     fake.queue(Reply.error(500))
     with pytest.raises(openai.InternalServerError):
         proxy.client("helper", "e500").chat.completions.create(
-            model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
+            model="gpt-4o", messages=[{"role": "user", "content": "hi"}]
+        )
 
 
 def test_memory_endpoints_need_the_admin_token(proxy, fake):
     proxy.client("helper", "mem").chat.completions.create(
-        model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
+        model="gpt-4o", messages=[{"role": "user", "content": "hi"}]
+    )
     assert httpx.get(f"{proxy.base}/memory/helper/mem").status_code == 401
-    assert httpx.get(f"{proxy.base}/memory/helper/mem",
-                     headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert (
+        httpx.get(
+            f"{proxy.base}/memory/helper/mem", headers={"Authorization": "Bearer wrong"}
+        ).status_code
+        == 401
+    )
     auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     listing = httpx.get(f"{proxy.base}/memory/helper", headers=auth).json()
     assert [s["session"] for s in listing["sessions"]] == ["mem"]
@@ -304,8 +443,10 @@ def test_memory_endpoints_need_the_admin_token(proxy, fake):
     assert data["strategy"] == "summarizing_window"
     assert data["config"]["maxConversationRatio"] == 0.8
     assert data["context_window"] == 128000
-    assert [(m["role"], m["text"]) for m in data["messages"]] == [("user", "hi"), ("assistant", "ok")] \
-        or [m["role"] for m in data["messages"]] == ["user", "assistant"]
+    assert [(m["role"], m["text"]) for m in data["messages"]] == [
+        ("user", "hi"),
+        ("assistant", "ok"),
+    ] or [m["role"] for m in data["messages"]] == ["user", "assistant"]
     assert all(m["tokens"] > 0 for m in data["messages"])
     assert data["totals"]["window_tokens"] == sum(m["tokens"] for m in data["messages"])
     assert view.headers["x-memory-strategy"] == "summarizing_window"
