@@ -3,6 +3,7 @@ background. Nothing here can fail or delay the request that triggered it."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 
@@ -16,36 +17,67 @@ from strategies.records import AppendResult
 logger = logging.getLogger("memory_proxy.after_turn")
 
 
-def live_tokens(turn: Turn) -> int:
+def live_tokens(turn: Turn, calibration: float) -> int:
     """The live window after this turn: what was sent plus the reply, calibrated."""
     reply = sum(r.tokens for r in turn.appended if r.role == "assistant")
-    return round((turn.window.tokens + reply) * (turn.context.calibration or 1.0))
+    return round((turn.window.tokens + reply) * calibration)
 
 
 def schedule_after_turn(
     services: Services, turn: Turn, result: AppendResult, headers: dict[str, str]
 ) -> SummarizePlan | None:
     services.remember_credentials(turn.key, headers)
-    kept = [m for m in turn.context.messages if m.seq and m not in turn.appended]
+    stubs = turn.window.new_stubs
+    # the session as stored now: with this turn's messages and its compression stubs
+    kept = [
+        dataclasses.replace(m, compressed_content=stubs[m.seq]) if m.seq in stubs else m
+        for m in turn.context.messages
+        if m.seq and m not in turn.appended
+    ]
     messages = [*kept, *(r for r in turn.appended if r not in kept)]
     messages.sort(key=lambda m: m.seq)
+    calibration = result.meta.calibration or turn.context.calibration
     context = dataclasses.replace(
         turn.context,
         messages=messages,
         current_turn_start=current_turn_start(messages),
-        calibration=result.meta.calibration or turn.context.calibration,
+        calibration=calibration,
     )
-    plan = turn.strategy.after_turn(context, live_tokens(turn))
+    plan = turn.strategy.after_turn(context, live_tokens(turn, calibration))
     if plan is None:
         return None
+    event = None
+    if plan.kind == "compaction" and turn.key not in services.compactions:
+        # registered now, not when the task starts: a turn that arrives right after this
+        # response finds it and waits (turns.wait_for_compaction)
+        event = services.compactions[turn.key] = asyncio.Event()
+    # the boundary this turn loaded: if another replica compacted since, the plan is stale
+    boundary = turn.snapshot.meta.boundary_seq
     services.spawn(
-        summarize_in_background(services, turn, plan, headers, result.meta.boundary_seq),
+        summarize_in_background(services, turn, plan, headers, boundary, event),
         name=f"after-turn:{turn.key.session}",
     )
     return plan
 
 
 async def summarize_in_background(
+    services: Services,
+    turn: Turn,
+    plan: SummarizePlan,
+    headers: dict[str, str],
+    boundary: int,
+    event: asyncio.Event | None = None,
+) -> None:
+    try:
+        await _summarize(services, turn, plan, headers, boundary)
+    finally:
+        if event is not None:
+            if services.compactions.get(turn.key) is event:
+                del services.compactions[turn.key]
+            event.set()
+
+
+async def _summarize(
     services: Services, turn: Turn, plan: SummarizePlan, headers: dict[str, str], boundary: int
 ) -> None:
     try:

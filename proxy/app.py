@@ -28,10 +28,13 @@ from proxy.responses import (
     unexpected_error_handler,
 )
 from proxy.services import Services
+from proxy.session_admin import PATH as SESSION_PATH
+from proxy.session_admin import delete_session
 from proxy.settings import Settings
 from proxy.summarizer import CallBudget
 from proxy.upstream.base import Upstream
 from storage.base import Store
+from storage.parts import load_part_reader
 from storage.registry import open_store
 from strategies.mapper import load_mapper
 
@@ -103,6 +106,8 @@ def routes() -> list[BaseRoute]:
         Route("/metrics", metrics_endpoint, methods=["GET"]),
         Route("/memory/{agent}", list_sessions, methods=["GET"]),
         Route("/memory/{agent}/{session}", session_memory, methods=["GET"]),
+        # before the /admin mount, which would take every /admin path
+        Route(SESSION_PATH, delete_session, methods=["DELETE"]),
         Route(
             "/admin/api/agents/{agent}/sessions/{session}/compact",
             compact_session,
@@ -123,12 +128,14 @@ def create_app(
     upstream: Upstream | None = None,
 ) -> Starlette:
     settings = settings or Settings()
+    store = store or open_store(settings.store_url)
     services = Services(
         settings=settings,
-        store=store or open_store(settings.store_url),
+        store=store,
         upstream=upstream or build_upstream(settings),
         agents=AgentRegistry(settings.agents_dir),
         mapper=load_mapper(settings.mapper),
+        part_reader=load_part_reader(settings.part_reader, store),
         summarizer_budget=CallBudget(settings.summarizer_calls_per_hour),
     )
 

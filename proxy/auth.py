@@ -33,8 +33,11 @@ def token_matches(expected: str, presented: str | None) -> bool:
 def is_admin(conn: HTTPConnection, settings: Settings) -> bool:
     expected = settings.admin_secret()
     if expected is None:
+        # no token: only this machine, asking this machine by name (a DNS-rebound site
+        # resolves to 127.0.0.1 too, but names itself in Host)
         client = conn.client.host if conn.client else ""
-        return settings.loopback_only and client in LOOPBACK_HOSTS
+        host = conn.url.hostname or ""
+        return settings.loopback_only and client in LOOPBACK_HOSTS and host in LOOPBACK_HOSTS
     return token_matches(expected, presented_token(conn))
 
 

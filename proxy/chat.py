@@ -9,11 +9,14 @@ from typing import Any
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive
 
-from proxy import history_sync
+from proxy import fetch_tool, history_sync
 from proxy.after_turn import schedule_after_turn
+from proxy.disconnect import unless_disconnected
 from proxy.errors import BadRequest, ProxyError, UpstreamError
-from proxy.identity import bearer_key, identify
+from proxy.fetch_stream import FetchStream
+from proxy.identity import client_key, identify
 from proxy.requests import parse_json_object, read_body
 from proxy.services import Services
 from proxy.streaming import ReplyAccumulator
@@ -72,14 +75,17 @@ async def chat_completions(request: Request) -> Response:
     headers = forwarded_headers(request)
 
     if request.headers.get("x-memory", "").lower() == "off":
-        return await forward(services, UpstreamRequest(upstream_body(body, None), headers), streaming, None)
+        return await forward(
+            services, UpstreamRequest(upstream_body(body, None), headers), streaming, None,
+            receive=request.receive,
+        )
 
     system, conversation = history_sync.split_system(messages)
     identity = identify(
         path_params=request.path_params,
         headers=request.headers,
         body=body,
-        api_key=bearer_key(request.headers.get("authorization")),
+        api_key=client_key(request.headers),
         system=system,
         conversation=conversation,
     )
@@ -90,8 +96,10 @@ async def chat_completions(request: Request) -> Response:
         system=system,
         conversation=conversation,
         history_header=request.headers.get("x-memory-history"),
+        retry=history_sync.RetryHint.from_headers(request.headers),
     )
     out = upstream_body(body, turn.messages)
+    fetch = fetch_tool.offer(out, turn.agent)
     client_wants_usage = False
     if streaming:
         options = out.get("stream_options")
@@ -99,7 +107,8 @@ async def chat_completions(request: Request) -> Response:
         # usage calibrates the token estimate; it is stripped again if the client did not ask
         out["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
     return await forward(
-        services, UpstreamRequest(out, headers), streaming, turn, client_wants_usage=client_wants_usage
+        services, UpstreamRequest(out, headers), streaming, turn,
+        client_wants_usage=client_wants_usage, fetch=fetch, receive=request.receive,
     )
 
 
@@ -110,18 +119,29 @@ async def forward(
     turn: Turn | None,
     *,
     client_wants_usage: bool = True,
+    fetch: bool = False,
+    receive: Receive | None = None,
 ) -> Response:
+    """With ``receive``, a client that disconnects while the upstream is still thinking
+    cancels the call (nothing is stored)."""
     extra = turn.headers if turn is not None else {}
     if not streaming:
-        response = await services.upstream.chat(upstream_request)
+        response = await unless_disconnected(receive, services.upstream.chat(upstream_request))
         if turn is not None:
+            usage = None
+            if fetch:
+                response, usage = await unless_disconnected(
+                    receive, fetch_tool.complete(services, turn.key, upstream_request, response)
+                )
             accumulator = ReplyAccumulator()
             try:
                 accumulator.add_response(orjson.loads(response.body))
             except (orjson.JSONDecodeError, TypeError, AttributeError):
                 logger.warning("upstream reply is not a chat completion; not stored")
             else:
-                await finish_turn(services, turn, accumulator, upstream_request.headers)
+                await finish_turn(
+                    services, turn, accumulator, upstream_request.headers, usage=usage
+                )
         return Response(
             response.body,
             status_code=response.status_code,
@@ -129,7 +149,9 @@ async def forward(
             headers=extra,
         )
 
-    stream = await services.upstream.chat_stream(upstream_request)
+    stream = await unless_disconnected(receive, services.upstream.chat_stream(upstream_request))
+    if fetch and turn is not None:
+        stream = FetchStream(services, turn.key, upstream_request, stream)
     return StreamingResponse(
         relay(services, stream, turn, client_wants_usage, upstream_request.headers),
         media_type="text/event-stream",
@@ -162,7 +184,9 @@ async def relay(
                 if turn is not None and not accumulator.complete:
                     raise UpstreamCut("upstream stream ended before the reply was complete")
             if turn is not None:
-                await finish_turn(services, turn, accumulator, headers)
+                # after hidden fetch rounds the stored usage is the first round's prompt
+                usage = stream.memory_usage if isinstance(stream, FetchStream) else None
+                await finish_turn(services, turn, accumulator, headers, usage=usage)
         except ProxyError as exc:
             logger.warning("stream ended with an error: %s", exc.message)
             yield error_event(exc)
@@ -177,8 +201,13 @@ class UpstreamCut(UpstreamError):
 
 
 async def finish_turn(
-    services: Services, turn: Turn, accumulator: ReplyAccumulator, headers: dict[str, str]
+    services: Services,
+    turn: Turn,
+    accumulator: ReplyAccumulator,
+    headers: dict[str, str],
+    *,
+    usage: dict[str, Any] | None = None,
 ) -> None:
     reply = accumulator.message()
-    result = await persist_turn(services, turn, reply, usage=accumulator.usage)
+    result = await persist_turn(services, turn, reply, usage=usage or accumulator.usage)
     schedule_after_turn(services, turn, result, headers)

@@ -15,7 +15,7 @@ from proxy.turns import current_turn_start, load_snapshot, resolve_agent
 from storage.base import StoreUnavailable
 from strategies.base import WindowContext
 from strategies.records import SessionKey
-from strategies.tokens import make_counter
+from strategies.tokens import cached_counter
 
 
 class CompactConflict(ProxyError):
@@ -39,7 +39,7 @@ async def compact(services: Services, key: SessionKey) -> dict[str, object]:
         summaries=snapshot.summaries,
         system_tokens=meta.system_tokens,
         current_turn_start=current_turn_start(snapshot.messages),
-        count_tokens=make_counter(model),
+        count_tokens=cached_counter(model),
         calibration=meta.calibration or 1.0,
     )
     plan = strategy.compress(context)

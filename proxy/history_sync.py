@@ -21,6 +21,7 @@ from strategies.records import SessionSnapshot, chain_hash
 SyncMode = Literal["full", "delta"]
 SYSTEM_ROLES = ("system", "developer")
 CONVERSATION_ROLES = ("user", "assistant", "tool", "system", "developer")
+MAX_IDEMPOTENCY_KEY = 255
 
 
 def validate_messages(messages: Any) -> list[dict[str, Any]]:
@@ -42,8 +43,10 @@ def validate_messages(messages: Any) -> list[dict[str, Any]]:
             raise BadRequest(
                 f"{param}.content must be a string or an array", param=f"{param}.content"
             )
-        if isinstance(content, list) and not all(isinstance(p, dict) for p in content):
-            raise BadRequest(f"{param}.content parts must be objects", param=f"{param}.content")
+        if isinstance(content, list):
+            _check_parts(content, f"{param}.content")
+        if "name" in message and not isinstance(message["name"], str):
+            raise BadRequest(f"{param}.name must be a string", param=f"{param}.name")
         if role == "tool" and not isinstance(message.get("tool_call_id"), str):
             raise BadRequest(
                 f"{param}.tool_call_id is required for tool messages", param=f"{param}.tool_call_id"
@@ -60,7 +63,28 @@ def validate_messages(messages: Any) -> list[dict[str, Any]]:
                     raise BadRequest(
                         f"{param}.tool_calls entries need an id", param=f"{param}.tool_calls"
                     )
+                _check_function(call.get("function"), f"{param}.tool_calls")
     return messages
+
+
+def _check_parts(parts: list[Any], param: str) -> None:
+    for part in parts:
+        if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+            raise BadRequest(f"{param} parts must be objects with a string type", param=param)
+        if part["type"] == "text" and not isinstance(part.get("text"), str):
+            raise BadRequest(f"{param} text parts need a string text", param=param)
+
+
+def _check_function(function: Any, param: str) -> None:
+    """The fields fingerprints and renderers read: an object of strings (or absent)."""
+    if function is None:
+        return
+    if not isinstance(function, dict) or any(
+        key in function and not isinstance(function[key], str) for key in ("name", "arguments")
+    ):
+        raise BadRequest(
+            f"{param}: function must be an object with string name and arguments", param=param
+        )
 
 
 def split_system(
@@ -152,17 +176,76 @@ class SyncPlan:
     rewind: bool = False
     keep_through: int = 0
     supersede_until: int = 0
+    # the request's Idempotency-Key, kept on the stored reply to recognize a replay
+    idempotency_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RetryHint:
+    """What a request says about being a retry: the openai SDKs' ``x-stainless-retry-count``
+    (above 0 on a retry) and an ``Idempotency-Key`` (the same on every attempt)."""
+
+    attempt: int = 0
+    key: str | None = None
+
+    @classmethod
+    def from_headers(cls, headers: Mapping[str, str]) -> RetryHint:
+        count = headers.get("x-stainless-retry-count", "")
+        key = headers.get("idempotency-key") or None
+        return cls(
+            attempt=int(count) if count.isdigit() and len(count) < 6 else 0,
+            key=key if key is not None and len(key) <= MAX_IDEMPOTENCY_KEY else None,
+        )
+
+
+def replayed_turn(
+    conversation: Sequence[Mapping[str, Any]], snapshot: SessionSnapshot, retry: RetryHint
+) -> int | None:
+    """A delta that repeats the session's latest turn write, sent again as a retry, is that
+    turn regenerated: returns the seq of the stored copy of its last message.
+
+    A retry is an ``Idempotency-Key`` equal to the one kept on the stored reply or, with no
+    key, a retry count above 0. The stored tail must be exactly these messages and one reply:
+    a retry that lands after another writer's turn is not recognized.
+    """
+    if not conversation or not (retry.key or retry.attempt > 0):
+        return None
+    count = len(conversation)
+    stored = snapshot.messages
+    if len(stored) < count + 1:
+        return None
+    reply, tail = stored[-1], stored[-count - 1 : -1]
+    if reply.role != "assistant" or reply.seq != snapshot.meta.head_seq:
+        return None
+    if tail[0].seq + count != reply.seq:  # one write: consecutive seqs
+        return None
+    if retry.key is not None and reply.meta.get("idempotency_key") != retry.key:
+        return None
+    if [m.fingerprint for m in tail] != [fingerprint(m) for m in conversation]:
+        return None
+    return tail[-1].seq
 
 
 def plan_sync(
-    mode: SyncMode, conversation: Sequence[Mapping[str, Any]], snapshot: SessionSnapshot
+    mode: SyncMode,
+    conversation: Sequence[Mapping[str, Any]],
+    snapshot: SessionSnapshot,
+    retry: RetryHint | None = None,
 ) -> SyncPlan:
     meta = snapshot.meta
+    key = retry.key if retry is not None else None
     if mode == "delta":
-        return SyncPlan(mode, new=list(range(len(conversation))), keep_through=meta.head_seq)
+        replayed = replayed_turn(conversation, snapshot, retry) if retry is not None else None
+        if replayed is not None:
+            # regenerate: the stored input stays, the earlier reply is superseded
+            return SyncPlan(mode, rewind=True, keep_through=replayed,
+                            supersede_until=meta.head_seq, idempotency_key=key)
+        return SyncPlan(mode, new=list(range(len(conversation))), keep_through=meta.head_seq,
+                        idempotency_key=key)
     matched = snapshot.matched
     plan = SyncPlan(
-        mode, new=list(range(matched, len(conversation))), keep_through=snapshot.matched_seq
+        mode, new=list(range(matched, len(conversation))), keep_through=snapshot.matched_seq,
+        idempotency_key=key,
     )
     # anything active after the matched point is history the client no longer has
     if meta.active_count and snapshot.matched_seq < meta.head_seq:

@@ -35,6 +35,18 @@ def bearer_key(authorization: str | None) -> str | None:
     return token.strip() if scheme.lower() == "bearer" and token.strip() else authorization.strip()
 
 
+def client_key(headers: Mapping[str, str]) -> str | None:
+    """The key a client authenticates with: ``Authorization`` (Bearer), else the
+    ``api-key`` (Azure) or ``x-api-key`` (Anthropic) header. Without it every such client
+    would share the anonymous namespace."""
+    return (
+        bearer_key(headers.get("authorization"))
+        or headers.get("api-key")
+        or headers.get("x-api-key")
+        or None
+    )
+
+
 def namespace_for(api_key: str | None) -> str:
     """A short, stable hash of the client's API key: the key itself is never stored."""
     if not api_key:

@@ -4,18 +4,22 @@ from __future__ import annotations
 
 from typing import Any
 
+from proxy import parts
 from proxy.agents import ResolvedAgent
 from proxy.errors import NotFound, StoreUnavailableError
 from proxy.services import Services
 from proxy.turns import current_turn_start, load_snapshot, resolve_agent
 from storage.base import StoreUnavailable
+from strategies import media
 from strategies.base import Window, WindowContext
 from strategies.mapper import MappingContext
 from strategies.records import SessionKey, SessionSnapshot
-from strategies.tokens import count_message, make_counter
+from strategies.tokens import cached_counter, count_message
 
 
-async def find_session(services: Services, agent: str, session: str, namespace: str | None) -> SessionKey:
+async def find_session(
+    services: Services, agent: str, session: str, namespace: str | None
+) -> SessionKey:
     """Admin views address a session by agent and id; the namespace disambiguates when two
     API keys used the same session id."""
     if namespace:
@@ -43,7 +47,8 @@ def text_of(content: Any) -> str:
             if part.get("type") == "text":
                 lines.append(str(part.get("text", "")))
             else:
-                lines.append(f"[{part.get('type', 'part')}]")
+                # a media block: named on a line of its own
+                lines.append(media.describe_sent_part(part))
         return "\n".join(lines)
     return str(content)
 
@@ -55,6 +60,7 @@ def window_view(
     window: Window,
     rendered: list[dict[str, Any]],
     model: str,
+    mapping: MappingContext | None = None,
 ) -> dict[str, Any]:
     # the default mapper renders one message per window item, after the system block and
     # a USER_MESSAGE summary; a custom mapper that does otherwise shows its head as is
@@ -89,7 +95,9 @@ def window_view(
         if item.marker in ("compressed", "evicted", "truncated"):
             entry["stored_tokens"] = message.tokens
         if message.meta.get("parts"):
-            entry["parts"] = message.meta["parts"]
+            entry["parts"] = (
+                media.part_views(message, mapping) if mapping else message.meta["parts"]
+            )
         messages.append(entry)
     ratio = window.tokens * (context.calibration or 1.0) / context.context_window
     return {
@@ -127,29 +135,33 @@ async def inspect_session(services: Services, key: SessionKey) -> dict[str, Any]
     agent = resolve_agent(services, key.agent)
     agent, strategy, snapshot = await load_snapshot(services, key, agent, [])
     if not snapshot.exists:
-        raise NotFound(f"no session {key.session!r} for agent {key.agent!r}", code="session_not_found")
+        raise NotFound(
+            f"no session {key.session!r} for agent {key.agent!r}", code="session_not_found"
+        )
     meta = snapshot.meta
     model = meta.model or agent.definition.llm.model or ""
+    messages = snapshot.messages
+    start = current_turn_start(messages)
+    mapping = MappingContext(model=model, capabilities=agent.capabilities(model),
+                             current_turn_seq=messages[start].seq if messages else 0)
+    # the current turn's media as the model receives them: blocks loaded, tokens counted
+    await parts.load_media(services, messages[start:], mapping)
+    media_tokens = media.current_turn_deltas(messages[start:], mapping, model)
     context = WindowContext(
         config=agent.config,
         context_window=agent.context_window(model, services.settings.default_context_window),
-        messages=snapshot.messages,
+        messages=messages,
         summaries=snapshot.summaries,
-        system_tokens=meta.system_tokens,
-        current_turn_start=current_turn_start(snapshot.messages),
-        count_tokens=make_counter(model),
+        system_tokens=meta.system_tokens + sum(media_tokens.values()),
+        current_turn_start=start,
+        count_tokens=cached_counter(model),
         calibration=meta.calibration or 1.0,
     )
     window = strategy.select(context)
+    media.settle_window(window, media_tokens)
     window.trimmed += max(0, meta.active_count - len(snapshot.messages))
-    current = context.messages[context.current_turn_start] if context.messages else None
-    rendered = services.mapper.map(
-        window,
-        meta.system_prompt,
-        MappingContext(model=model, capabilities=agent.capabilities(model),
-                       current_turn_seq=current.seq if current else 0),
-    )
-    view = window_view(agent, snapshot, context, window, rendered, model)
+    rendered = services.mapper.map(window, meta.system_prompt, mapping)
+    view = window_view(agent, snapshot, context, window, rendered, model, mapping)
     view.update(namespace=key.namespace, session=key.session, head_seq=meta.head_seq,
                 updated_at=meta.updated_at)
     return view

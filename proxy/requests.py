@@ -34,4 +34,10 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
         raise BadRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from None
     if not isinstance(data, dict):
         raise BadRequest("request body must be a JSON object", code="invalid_json")
+    try:
+        # the body is re-serialized on its way upstream and into the store; orjson writes
+        # at most 254 levels of nesting, so a deeper body is refused here, not with a 500
+        orjson.dumps(data)
+    except orjson.JSONEncodeError:
+        raise BadRequest("request body is nested too deeply", code="invalid_json") from None
     return data

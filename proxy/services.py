@@ -13,6 +13,7 @@ from proxy.agents import AgentRegistry
 from proxy.settings import Settings
 from proxy.upstream.base import Upstream
 from storage.base import Store
+from storage.parts import PartContentReader
 from strategies.mapper import LlmMessageMapper
 from strategies.records import SessionKey
 
@@ -26,6 +27,8 @@ class Services:
     upstream: Upstream
     agents: AgentRegistry
     mapper: LlmMessageMapper
+    # where media bytes are read back (None: the store's own parts, see storage/parts.py)
+    part_reader: PartContentReader | None = None
     # latest admin override seen per agent, so a turn resolves its config before loading
     overrides: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)

@@ -23,6 +23,8 @@ class Settings(BaseSettings):
     workers: int = 1
     # dotted path ("module:attr" or "module.attr") of the LlmMessageMapper to use
     mapper: str = "strategies.mapper:MessageToLlmMessageMapper"
+    # dotted path of a PartContentReader class or factory (called with the Store); None:
+    # media bytes are read from the store's own part store (storage/parts.py)
     part_reader: str | None = None
     # send provider-prefixed model ids (anthropic/..., gemini/...) through litellm; turn off
     # when the upstream itself takes such ids (an OpenRouter-style gateway)

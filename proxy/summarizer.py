@@ -8,6 +8,7 @@ compare-and-set on the compaction boundary, so one overflow is compacted exactly
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections import OrderedDict, deque
@@ -19,9 +20,10 @@ from proxy.agents import ResolvedAgent
 from proxy.errors import ProxyError
 from proxy.services import Services
 from proxy.upstream.base import UpstreamRequest
-from storage.base import StoreUnavailable
+from storage.base import Store, StoreUnavailable
 from strategies.base import SummarizePlan
-from strategies.records import SessionKey, SummaryRecord
+from strategies.records import LoadSpec, SessionKey, SummaryRecord
+from strategies.summarizing_window import latest_summary
 from strategies.summary_prompt import build_summary_messages, sanitize_summary
 from strategies.tokens import count_text, make_counter
 
@@ -32,6 +34,9 @@ LOCK_TTL = 180.0
 # the summarizer's own input is held to this share of the model's context window
 INPUT_SHARE = 0.6
 SUMMARY_MAX_TOKENS = 4096
+# a summary joins every later request: it may take this share of a small context window
+SUMMARY_WINDOW_SHARE = 0.15
+SUMMARY_MIN_TOKENS = 256
 
 
 class SummarizerBusy(Exception):
@@ -77,6 +82,52 @@ def summary_text(body: bytes) -> str:
     return text
 
 
+def summary_max_tokens(context_window: int) -> int:
+    """The summary's output cap: 4,096 tokens, less for a small context window."""
+    share = int(context_window * SUMMARY_WINDOW_SHARE)
+    return min(SUMMARY_MAX_TOKENS, max(SUMMARY_MIN_TOKENS, share))
+
+
+async def current_summary_plan(
+    store: Store, key: SessionKey, plan: SummarizePlan
+) -> SummarizePlan | None:
+    """A summary plan re-read under the lock, or None when nothing is left to summarize.
+
+    It builds on the latest stored summary (another run may have written one since it was
+    planned), so no range is summarized twice; and its messages are every active message
+    after that summary up to ``plan.to_seq``, read from the store: a page shorter than
+    the history (maxHistoryFetch) must not let a record cover messages the summarizer
+    never saw.
+    """
+    previous = plan.previous
+    stored = latest_summary((await store.load(key, LoadSpec(limit=0))).summaries)
+    if stored is not None and stored.to_seq > (previous.to_seq if previous else 0):
+        previous = stored
+    low = previous.to_seq + 1 if previous else 1
+    if low > plan.to_seq:
+        return None
+    messages = await store.get_range(key, low, plan.to_seq)
+    if not messages:
+        return None
+    from_seq = previous.from_seq if previous else messages[0].seq
+    return dataclasses.replace(plan, previous=previous, messages=messages, from_seq=from_seq)
+
+
+async def current_plan(
+    store: Store, key: SessionKey, plan: SummarizePlan, expect_boundary: int
+) -> SummarizePlan | None:
+    """The plan re-read under the lock: None when another worker compacted meanwhile (the
+    boundary moved), so one overflow costs one summarizer call; else the plan with its
+    messages as stored now (a turn that landed inside its range concurrently is covered)."""
+    snapshot = await store.load(key, LoadSpec(limit=1, since="boundary"))
+    if snapshot.meta.boundary_seq != expect_boundary:
+        return None
+    messages = await store.get_range(key, plan.from_seq, plan.to_seq)
+    if not messages:
+        return None
+    return dataclasses.replace(plan, messages=messages)
+
+
 async def run_plan(
     services: Services,
     key: SessionKey,
@@ -89,14 +140,25 @@ async def run_plan(
     expect_boundary: int | None,
 ) -> SummaryRecord | None:
     """Summarize ``plan`` and store the record. Returns None when another replica got
-    there first (lock held or boundary moved)."""
+    there first (boundary moved, or a newer summary already covers the plan)."""
     store = services.store
     token = await store.acquire_lock(key, LOCK_NAME, LOCK_TTL)
     if token is None:
         raise SummarizerBusy(f"{key.session}: a compaction is already running")
+    # turns wait for a compaction, since their window restarts from it; a summary of
+    # summarizing_window never holds a turn back (trimming keeps its window safe)
     events = services.compactions
-    done = events.setdefault(key, asyncio.Event())
+    done = events.setdefault(key, asyncio.Event()) if plan.kind == "compaction" else None
     try:
+        if expect_boundary is not None:
+            current = await current_plan(store, key, plan, expect_boundary)
+        elif plan.kind == "summary":
+            current = await current_summary_plan(store, key, plan)
+        else:
+            current = plan
+        if current is None:
+            return None
+        plan = current
         if not services.summarizer_budget.take(key):
             raise SummarizerError("summarizer call budget for this session is spent for now")
         summarizer_model = agent.summarizer_model(model)
@@ -110,7 +172,7 @@ async def run_plan(
             "model": summarizer_model,
             "messages": messages,
             "temperature": 0,
-            "max_tokens": SUMMARY_MAX_TOKENS,
+            "max_tokens": summary_max_tokens(context_window),
         }
         try:
             response = await services.upstream.chat(UpstreamRequest(body, headers))
@@ -128,8 +190,9 @@ async def run_plan(
         )
         return await store.add_summary(key, record, expect_boundary=expect_boundary)
     finally:
-        done.set()
-        events.pop(key, None)
+        if done is not None:
+            done.set()
+            events.pop(key, None)
         try:
             await store.release_lock(key, LOCK_NAME, token)
         except StoreUnavailable:

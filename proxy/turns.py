@@ -9,15 +9,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy import history_sync
+from proxy import history_sync, parts
 from proxy.agents import ResolvedAgent
 from proxy.errors import StoreUnavailableError
 from proxy.identity import Identity
 from proxy.services import Services
 from storage.base import StoreUnavailable
+from strategies import media
 from strategies.base import Strategy, Window, WindowContext
 from strategies.mapper import MappingContext
 from strategies.records import (
@@ -29,12 +31,14 @@ from strategies.records import (
     TurnWrite,
 )
 from strategies.registry import get_strategy
-from strategies.tokens import count_message, count_text, make_counter
+from strategies.tokens import cached_counter, count_message, count_text
 
 CALIBRATION_BOUNDS = (0.5, 3.0)
 # bound on the messages of one turn loaded to keep it whole (a runaway tool loop)
 TURN_LOAD_LIMIT = 2000
 CALIBRATION_WEIGHT = 0.3
+# a prompt at least this large (estimated) corrects an underestimate at once
+CALIBRATION_TRUSTED_TOKENS = 500
 
 
 @dataclass(slots=True)
@@ -79,18 +83,29 @@ def current_turn_start(messages: list[StoredMessage]) -> int:
     return 0
 
 
-def new_record(message: dict[str, Any], fp: str, model: str, now: float) -> StoredMessage:
+def new_record(
+    message: Mapping[str, Any],
+    fp: str,
+    model: str,
+    now: float,
+    blobs: dict[str, parts.PartBlob] | None = None,
+) -> StoredMessage:
+    """The record to store; media parts become references (their bytes go to ``blobs``)
+    and ``tokens`` is the message's size with media as placeholders (see strategies/media)."""
     role = message["role"]
-    return StoredMessage(
+    content, meta = parts.extract_parts(message, blobs if blobs is not None else {})
+    record = StoredMessage(
         role=role,
-        content=message.get("content"),
-        tokens=count_message(message, model),
+        content=content,
         fingerprint=fp,
         tool_calls=message.get("tool_calls") or None,
         tool_call_id=message.get("tool_call_id"),
         name=message.get("name"),
         created_at=now,
+        meta=meta,
     )
+    record.tokens = media.stored_tokens(record, model)
+    return record
 
 
 async def load_snapshot(
@@ -138,6 +153,7 @@ async def prepare_turn(
     system: list[dict[str, Any]],
     conversation: list[dict[str, Any]],
     history_header: str | None,
+    retry: history_sync.RetryHint | None = None,
 ) -> Turn:
     key = SessionKey(identity.namespace, identity.agent, identity.session)
     await wait_for_compaction(services, key)
@@ -153,7 +169,7 @@ async def prepare_turn(
     probe = history_sync.probe_chains(fingerprints) if mode == "full" else []
     agent, strategy, snapshot = await load_snapshot(services, key, agent, probe)
 
-    sync = history_sync.plan_sync(mode, conversation, snapshot)
+    sync = history_sync.plan_sync(mode, conversation, snapshot, retry)
     stored = snapshot.messages
     if sync.rewind:
         stored = [m for m in stored if m.seq <= sync.keep_through]
@@ -170,7 +186,12 @@ async def prepare_turn(
     history_sync.check_tool_results(conversation, sync.new, known_calls)
 
     now = time.time()
-    new_messages = [new_record(conversation[i], fingerprints[i], model, now) for i in sync.new]
+    blobs: dict[str, parts.PartBlob] = {}
+    incoming = parts.capped_messages(conversation, sync.new, agent, stored)
+    new_messages = [
+        new_record(message, fingerprints[i], model, now, blobs)
+        for i, message in zip(sync.new, incoming, strict=True)
+    ]
     provisional = (snapshot.meta.head_seq or 0) + 1
     for offset, message in enumerate(new_messages):
         message.seq = provisional + offset
@@ -188,25 +209,30 @@ async def prepare_turn(
     extra_tokens = tools_tokens(body, model)
     messages = [*stored, *new_messages]
     context_window = agent.context_window(model, services.settings.default_context_window)
+    start = current_turn_start(messages)
+    mapping = MappingContext(
+        model=model,
+        capabilities=agent.capabilities(model),
+        current_turn_seq=messages[start].seq if messages else 0,
+    )
+    # media blocks of the current turn: new parts stored, shown ones loaded, their extra
+    # tokens budgeted before the strategy selects
+    await parts.load_media(services, messages[start:], mapping, blobs)
+    media_tokens = media.current_turn_deltas(messages[start:], mapping, model)
     context = WindowContext(
         config=agent.config,
         context_window=context_window,
         messages=messages,
         summaries=snapshot.summaries,
-        system_tokens=system_tokens + extra_tokens,
-        current_turn_start=current_turn_start(messages),
-        count_tokens=make_counter(model),
+        system_tokens=system_tokens + extra_tokens + sum(media_tokens.values()),
+        current_turn_start=start,
+        count_tokens=cached_counter(model),
         calibration=meta.calibration or 1.0,
     )
     window = strategy.select(context)
+    media.settle_window(window, media_tokens)
     # stored messages the page did not load are left out too (fallen off, compacted)
     window.trimmed += max(0, meta.active_count - len(snapshot.messages))
-    current = context.messages[context.current_turn_start] if messages else None
-    mapping = MappingContext(
-        model=model,
-        capabilities=agent.capabilities(model),
-        current_turn_seq=current.seq if current else 0,
-    )
     rendered = services.mapper.map(window, system_prompt, mapping)
     return Turn(
         identity=identity,
@@ -266,12 +292,27 @@ def tools_tokens(body: dict[str, Any], model: str) -> int:
 
 
 def calibrated(previous: float, estimate: int, reported: int | None) -> float | None:
-    """Blend the upstream's real prompt size into the session's estimate factor."""
+    """The session's estimate factor after the upstream reported a real prompt size.
+
+    An estimate of a sizable prompt found too low is corrected at once (an underestimate
+    is what overflows the real window); otherwise the ratio is blended in by
+    ``CALIBRATION_WEIGHT``: a small prompt's ratio says more about the provider's fixed
+    tokens per request than about its tokenizer."""
     if not reported or estimate <= 0:
         return None
     low, high = CALIBRATION_BOUNDS
     ratio = min(high, max(low, reported / estimate))
-    return round((1 - CALIBRATION_WEIGHT) * (previous or 1.0) + CALIBRATION_WEIGHT * ratio, 4)
+    previous = previous or 1.0
+    if ratio > previous and estimate >= CALIBRATION_TRUSTED_TOKENS:
+        return round(ratio, 4)
+    return round((1 - CALIBRATION_WEIGHT) * previous + CALIBRATION_WEIGHT * ratio, 4)
+
+
+def reply_meta(turn: Turn) -> dict[str, Any]:
+    meta: dict[str, Any] = {"model": turn.model} if turn.model else {}
+    if turn.sync.idempotency_key:
+        meta["idempotency_key"] = turn.sync.idempotency_key
+    return meta
 
 
 async def persist_turn(
@@ -283,7 +324,11 @@ async def persist_turn(
 ) -> AppendResult:
     """Store the turn's new messages and the reply in one atomic write."""
     records = list(turn.new_messages)
+    stubs = dict(turn.window.new_stubs)
     for record in records:
+        # a stub decided for a message of this turn rides on its record: the seq it was
+        # decided under is provisional (another turn may have appended first)
+        record.compressed_content = stubs.pop(record.seq, record.compressed_content)
         record.seq = 0
     if reply is not None:
         completion = (usage or {}).get("completion_tokens")
@@ -298,7 +343,7 @@ async def persist_turn(
                 fingerprint=history_sync.fingerprint(reply),
                 tool_calls=reply.get("tool_calls") or None,
                 created_at=time.time(),
-                meta={"model": turn.model} if turn.model else {},
+                meta=reply_meta(turn),
             )
         )
     prompt_tokens = (usage or {}).get("prompt_tokens")
@@ -314,7 +359,7 @@ async def persist_turn(
             turn.window.tokens,
             prompt_tokens if isinstance(prompt_tokens, int) else None,
         ),
-        compressed=turn.window.new_stubs or None,
+        compressed=stubs or None,
     )
     try:
         result = await services.store.append_turn(turn.key, write)

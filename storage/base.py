@@ -110,3 +110,10 @@ class Store(Protocol):
 
     async def get_part(self, digest: str) -> tuple[bytes, str] | None:
         """Bytes and media type of a stored part."""
+
+    async def put_parts(self, parts: Sequence[tuple[str, bytes, str]]) -> None:
+        """Store many ``(digest, bytes, media type)`` parts once each, in one round trip."""
+
+    async def get_parts(self, digests: Sequence[str]) -> dict[str, tuple[bytes, str]]:
+        """Bytes and media type of each stored digest, in one round trip (missing ones
+        are left out)."""

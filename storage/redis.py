@@ -33,6 +33,7 @@ from redis.exceptions import NoScriptError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from storage.base import StoreUnavailable
+from storage.codec import message_from_body
 from strategies.records import (
     AgentInfo,
     AppendResult,
@@ -303,6 +304,32 @@ class RedisStore:
         media_type, _, data = raw.partition(b"\n")
         return data, media_type.decode()
 
+    async def put_parts(self, parts: Sequence[tuple[str, bytes, str]]) -> None:
+        if not parts:
+            return
+        # part keys live outside any session's hash tag: a non-transactional pipeline,
+        # each SET NX on its own key (content-addressed, so a retry is harmless)
+        with self._errors():
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for digest, data, media_type in parts:
+                    pipe.set(_part_key(digest), media_type.encode() + b"\n" + data, nx=True)
+                await pipe.execute()
+
+    async def get_parts(self, digests: Sequence[str]) -> dict[str, tuple[bytes, str]]:
+        if not digests:
+            return {}
+        with self._errors():
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for digest in digests:
+                    pipe.get(_part_key(digest))
+                values = await pipe.execute()
+        found: dict[str, tuple[bytes, str]] = {}
+        for digest, raw in zip(digests, values, strict=True):
+            if raw is not None:
+                media_type, _, data = raw.partition(b"\n")
+                found[digest] = (data, media_type.decode())
+        return found
+
     @property
     def _redis(self) -> Redis:
         if self._client is None:
@@ -405,12 +432,11 @@ def _encode_message(message: StoredMessage, now: float) -> bytes:
 def _decode_array(array: bytes, stubs: Sequence[bytes]) -> list[StoredMessage]:
     """Messages from a script's JSON array and its flat ``[seq, stub, ...]`` list."""
     by_seq = {int(seq): stub.decode() for seq, stub in zip(stubs[::2], stubs[1::2], strict=True)}
-    decoded = []
-    for data in orjson.loads(array):
-        if by_seq and data["seq"] in by_seq:
-            data["compressed_content"] = by_seq[data["seq"]]
-        decoded.append(StoredMessage.from_dict(data))
-    return decoded
+    stub = by_seq.get
+    return [
+        message_from_body(data, data["seq"], data.get("chain", ""), stub(data["seq"]))
+        for data in orjson.loads(array)
+    ]
 
 
 def _decode_messages(

@@ -1,8 +1,12 @@
 """The embedded SQLite store: the default, one proxy process, one database file.
 
-One connection is owned by one worker thread; every public method is one job on that
-thread and one transaction, so the event loop never blocks on disk and concurrent turns
-of a session are serialized without locks.
+Every public method is one job and one transaction. Jobs run inline on the event loop's
+own connection: a turn's load or append is a few hundred microseconds of page-cache I/O
+(WAL, ``synchronous = NORMAL``: a commit never waits for the disk), far less than the hop
+to a thread and back, and one loop thread serializes concurrent turns without locks.
+Whatever may wait goes to the store's thread and its second connection instead: a job
+that finds the database locked by another process (the thread waits ``busy_timeout``, the
+loop never does) and the WAL checkpoints, the only step that syncs to disk.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any, TypeVar
 import orjson
 
 from storage.base import StoreUnavailable
+from storage.codec import message_from_body
 from strategies.records import (
     AgentInfo,
     AppendResult,
@@ -37,6 +42,12 @@ from strategies.records import (
 
 T = TypeVar("T")
 Row = tuple[Any, ...]
+# write transactions between two background checkpoints (a few pages each, ~1000 pages)
+CHECKPOINT_EVERY = 256
+# Passive checkpoints never hold writers back, so under sustained writes the log may never
+# be fully copied and restarted; past this many 4 KiB frames one checkpoint restarts it
+# (writers that arrive meanwhile wait for it on the store's thread, not on the loop).
+WAL_RESTART_FRAMES = 4096
 KEY = "namespace = ? AND agent = ? AND session = ?"
 META_FIELDS = tuple(f.name for f in fields(SessionMeta))
 
@@ -89,6 +100,11 @@ UPSERT_SESSION = (
     " meta = excluded.meta, updated_at = excluded.updated_at,"
     " message_count = excluded.message_count"
 )
+# The agent's stored config and the session's meta, in one statement
+LOAD_HEAD = (
+    "SELECT (SELECT config FROM agent_configs WHERE agent = ?),"
+    f" (SELECT meta FROM sessions WHERE {KEY})"
+)
 # The last probe hash that is an active chain. CROSS JOIN keeps the probe as the outer
 # loop: one index lookup per probe hash.
 MATCH_PROBE = (
@@ -113,13 +129,23 @@ class SqliteStore:
         self.url = url
         self.path = database_path(url)
         self._executor: ThreadPoolExecutor | None = None
-        self._conn: sqlite3.Connection | None = None
+        self._conn: sqlite3.Connection | None = None  # the event loop's
+        self._thread_conn: sqlite3.Connection | None = None  # the store thread's
+        self._queued = 0  # jobs sent to the thread and not finished: later ones follow them
+        self._writes = 0  # write transactions since the last checkpoint was started
+        self._checkpointing = False
+        self._wal_frames = 0  # the log's length at the last checkpoint
 
     async def open(self) -> None:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-store")
         try:
             await self._on_thread(self._connect)
+            if self.path == ":memory:":  # a second connection would be another database
+                self._conn = self._thread_conn
+            else:
+                self._conn = _open_connection(self.path, busy_timeout_ms=0, checkpoints=False)
         except BaseException:
+            await self._on_thread(self._disconnect)
             self._executor.shutdown(wait=False)
             self._executor = None
             raise
@@ -127,6 +153,9 @@ class SqliteStore:
     async def close(self) -> None:
         if self._executor is None:
             return
+        conn, self._conn = self._conn, None
+        if conn is not None and conn is not self._thread_conn:
+            conn.close()
         await self._on_thread(self._disconnect)
         self._executor.shutdown(wait=True)
         self._executor = None
@@ -256,46 +285,129 @@ class SqliteStore:
         rows = await self._execute("SELECT data, media_type FROM parts WHERE digest = ?", (digest,))
         return (bytes(rows[0][0]), rows[0][1]) if rows else None
 
+    async def put_parts(self, parts: Sequence[tuple[str, bytes, str]]) -> None:
+        if parts:
+            await self._submit(_put_parts, [(d, t, data) for d, data, t in parts])
+
+    async def get_parts(self, digests: Sequence[str]) -> dict[str, tuple[bytes, str]]:
+        if not digests:
+            return {}
+        rows = await self._execute(
+            "SELECT digest, data, media_type FROM parts WHERE digest IN"
+            " (SELECT value FROM json_each(?))",
+            (orjson.dumps(list(digests)).decode(),),
+        )
+        return {row[0]: (bytes(row[1]), row[2]) for row in rows}
+
     def _connect(self) -> None:
+        """On the store's thread: its connection, and the schema."""
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        # autocommit mode: transactions are opened explicitly by _transaction()
-        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        conn.execute("PRAGMA journal_mode = WAL")
-        # WAL + NORMAL: a commit is in the WAL (the OS page cache) when append_turn
-        # returns, so an acknowledged turn survives kill -9 of the proxy; only an OS
-        # crash or power loss can drop the last commits, and the file stays consistent.
-        conn.execute("PRAGMA synchronous = NORMAL")
-        conn.execute("PRAGMA busy_timeout = 5000")
+        conn = _open_connection(self.path, busy_timeout_ms=5000, checkpoints=True)
         conn.executescript(SCHEMA)
-        self._conn = conn
+        self._thread_conn = conn
 
     def _disconnect(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        if self._thread_conn is not None:
+            self._thread_conn.close()
+            self._thread_conn = None
 
-    def _connection(self) -> sqlite3.Connection:
-        if self._conn is None:
+    def _thread_connection(self) -> sqlite3.Connection:
+        if self._thread_conn is None:
             raise StoreUnavailable(f"sqlite database {self.path} is not open")
-        return self._conn
+        return self._thread_conn
 
     async def _execute(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
         """One statement, one (implicit) transaction."""
         return await self._submit(lambda conn: conn.execute(sql, params).fetchall())
 
     async def _submit(self, job: Callable[..., T], *args: Any) -> T:
-        """Run ``job(connection, *args)`` on the store's thread."""
-        return await self._on_thread(lambda: job(self._connection(), *args))
+        """Run ``job(connection, *args)``: inline on the loop's connection, or on the
+        store's thread when the database is locked by another process (or jobs sent there
+        before are not done yet: they keep their order)."""
+        conn = self._conn
+        if conn is None:
+            raise StoreUnavailable(f"sqlite database {self.path} is not open")
+        if not self._queued:
+            changes = conn.total_changes
+            try:
+                result = job(conn, *args)
+            except sqlite3.OperationalError as exc:
+                if not _is_busy(exc):
+                    raise StoreUnavailable(f"sqlite database {self.path}: {exc}") from exc
+            else:
+                if conn.total_changes != changes:
+                    self._wrote()
+                return result
+        return await self._on_thread(lambda: job(self._thread_connection(), *args))
 
     async def _on_thread(self, call: Callable[[], T]) -> T:
-        """The one seam where sqlite3 failures become ``StoreUnavailable``."""
+        """Run ``call`` on the store's thread; sqlite3 failures become ``StoreUnavailable``."""
         if self._executor is None:
             raise StoreUnavailable(f"sqlite database {self.path} is not open")
+        self._queued += 1
         try:
             return await asyncio.wrap_future(self._executor.submit(call))
         except sqlite3.OperationalError as exc:
             raise StoreUnavailable(f"sqlite database {self.path}: {exc}") from exc
+        finally:
+            self._queued -= 1
+
+    def _wrote(self) -> None:
+        """Count an inline write; every ``CHECKPOINT_EVERY`` start a checkpoint on the
+        store's thread, so the syncing step never runs on the event loop."""
+        self._writes += 1
+        if self._writes < CHECKPOINT_EVERY or self._checkpointing or self._executor is None:
+            return
+        if self._conn is self._thread_conn:  # in memory: no WAL
+            return
+        self._writes = 0
+        self._checkpointing = True
+        self._executor.submit(self._checkpoint)
+
+    def _checkpoint(self) -> None:
+        """On the store's thread: copy the log into the database (and sync it)."""
+        restart = self._wal_frames > WAL_RESTART_FRAMES
+        try:
+            if self._thread_conn is not None:
+                mode = "RESTART" if restart else "PASSIVE"  # PASSIVE never waits
+                busy, frames, _ = self._thread_conn.execute(
+                    f"PRAGMA wal_checkpoint({mode})"
+                ).fetchone()
+                self._wal_frames = 0 if restart and not busy else frames
+        except sqlite3.Error:
+            pass  # the next one catches up; the log stays valid either way
+        finally:
+            self._checkpointing = False
+
+
+def _open_connection(path: str, *, busy_timeout_ms: int, checkpoints: bool) -> sqlite3.Connection:
+    # autocommit mode: transactions are opened explicitly by _transaction()
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA journal_mode = WAL")
+    # WAL + NORMAL: a commit is in the WAL (the OS page cache) when append_turn
+    # returns, so an acknowledged turn survives kill -9 of the proxy; only an OS
+    # crash or power loss can drop the last commits, and the file stays consistent.
+    conn.execute("PRAGMA synchronous = NORMAL")
+    conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+    if not checkpoints:
+        conn.execute("PRAGMA wal_autocheckpoint = 0")
+    return conn
+
+
+def _is_busy(exc: sqlite3.OperationalError) -> bool:
+    """The database is locked by another connection (a retry that waits will do)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+    return "locked" in str(exc) or "busy" in str(exc)
+
+
+def _put_parts(conn: sqlite3.Connection, rows: list[tuple[str, str, bytes]]) -> None:
+    with _transaction(conn):
+        conn.executemany(
+            "INSERT OR IGNORE INTO parts (digest, media_type, data) VALUES (?, ?, ?)", rows
+        )
 
 
 @contextmanager
@@ -325,12 +437,11 @@ def _load(
 ) -> SessionSnapshot:
     conn.execute("BEGIN")  # one snapshot for the whole read
     try:
-        config = conn.execute("SELECT config FROM agent_configs WHERE agent = ?", (ids[1],))
-        config_row = config.fetchone()
-        agent_config = orjson.loads(config_row[0]) if config_row else None
-        meta = _read_meta(conn, ids)
-        if meta is None:
+        config_json, meta_json = conn.execute(LOAD_HEAD, (ids[1], *ids)).fetchone()
+        agent_config = orjson.loads(config_json) if config_json else None
+        if meta_json is None:
             return SessionSnapshot(SessionMeta(), [], [], agent_config=agent_config)
+        meta = SessionMeta.from_dict(orjson.loads(meta_json))
         low = {"all": 0, "boundary": meta.boundary_seq + 1, "turn": meta.last_user_seq}
         rows = conn.execute(
             f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE {KEY} AND superseded = 0"
@@ -517,6 +628,4 @@ def _encode_message(message: StoredMessage, now: float) -> str:
 
 def _decode_message(row: Row) -> StoredMessage:
     seq, chain, compressed, data = row
-    message = StoredMessage.from_dict(orjson.loads(data))
-    message.seq, message.chain, message.compressed_content = seq, chain, compressed
-    return message
+    return message_from_body(orjson.loads(data), seq, chain, compressed)

@@ -135,11 +135,19 @@ class AutoCompactStrategy:
     def after_turn(self, ctx: WindowContext, window_tokens: int) -> SummarizePlan | None:
         """A compaction of the whole live conversation once the measured window is strictly
         above ``compactAtRatio``. It always reaches the head (but for a call still waiting
-        for its results), so the next window restarts from the summary."""
+        for its results), so the next window restarts from the summary. None when the live
+        messages weigh no more than the summary they would fold into (it would not help)."""
         config: AutoCompactConfig = ctx.config  # type: ignore[assignment]
         if not exceeds(window_tokens, config.compactAtRatio, ctx.context_window):
             return None
-        return plan_compaction(ctx, reason="compactAtRatio")
+        plan = plan_compaction(ctx, reason="compactAtRatio")
+        if plan is not None and plan.previous is not None and (
+            sum(m.tokens for m in plan.messages) <= plan.previous.tokens
+        ):
+            # no loop: when the system prompt and the summary alone keep the window over
+            # the ratio, compacting less than the summary's size would not shrink it
+            return None
+        return plan
 
     def compress(self, ctx: WindowContext) -> CompactPlan:
         """The Compact action: a full compaction (one summary, the window restarts)."""

@@ -20,6 +20,7 @@ from typing import Any
 from strategies.base import CountTokens, WindowItem
 from strategies.config import SummarizingWindowConfig, ToolResultEviction
 from strategies.records import StoredMessage
+from strategies.tokens import TOKENS_PER_MESSAGE, TOKENS_PER_NAME
 
 PREVIEW_CHARS = 300
 NEWEST_PROTECTED = 3
@@ -172,11 +173,26 @@ def choose_evictions(
     }
 
 
+def stub_tokens(message: StoredMessage, stub: str, count_tokens: CountTokens) -> int:
+    """The size of ``message`` sent with ``stub`` as its content, in the chat format's
+    accounting (strategies/tokens.py): the per-message overhead, role, name and stub."""
+    tokens = TOKENS_PER_MESSAGE + count_tokens(message.role) + count_tokens(stub)
+    if message.name:
+        tokens += count_tokens(message.name) + TOKENS_PER_NAME
+    return tokens
+
+
+def compressed_item(message: StoredMessage, stub: str, count_tokens: CountTokens) -> WindowItem:
+    return WindowItem(
+        message=message,
+        tokens=stub_tokens(message, stub, count_tokens),
+        text=stub,
+        marker="compressed",
+    )
+
+
 def render_stored(message: StoredMessage, count_tokens: CountTokens) -> WindowItem:
     """A stored message as sent: from its persisted stub when it has one, else verbatim."""
     if message.compressed_content is not None:
-        stub = message.compressed_content
-        return WindowItem(
-            message=message, tokens=count_tokens(stub), text=stub, marker="compressed"
-        )
+        return compressed_item(message, message.compressed_content, count_tokens)
     return WindowItem(message=message, tokens=message.tokens)

@@ -1,8 +1,8 @@
 """LlmMessageMapper: the one read-side extension point, stored window -> model messages.
 
 The default ``MessageToLlmMessageMapper`` maps user and assistant text, tool calls and
-tool results, places summaries, and renders media parts (see ``strategies/media.py``
-when present). A replacement is loaded from a dotted path (``Settings.mapper``) and sees
+tool results, places summaries, and renders media parts and attachment notices (see
+``strategies/media.py``). A replacement is loaded from a dotted path (``Settings.mapper``) and sees
 every message.
 """
 
@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from strategies import media
 from strategies.base import Window, WindowItem
 from strategies.summary_prompt import render_summary
 
@@ -66,7 +67,10 @@ class MessageToLlmMessageMapper:
         if message.role in ("system", "developer"):
             # a mid-conversation instruction: one system block stays first for strict providers
             return {"role": "user", "content": f"[system note]\n{_text(content)}"}
-        rendered: dict[str, Any] = {"role": message.role, "content": self.map_content(item, content, context)}
+        rendered: dict[str, Any] = {
+            "role": message.role,
+            "content": self.map_content(item, content, context),
+        }
         if message.role == "assistant":
             if message.tool_calls:
                 rendered["tool_calls"] = message.tool_calls
@@ -79,12 +83,9 @@ class MessageToLlmMessageMapper:
         return rendered
 
     def map_content(self, item: WindowItem, content: Any, context: MappingContext) -> Any:
-        """Content as the model receives it; media parts are rendered by the media module."""
-        if isinstance(content, list):
-            try:
-                from strategies import media
-            except ImportError:
-                return content
+        """Content as the model receives it; media parts and the attachment notice are
+        rendered by ``strategies.media``."""
+        if isinstance(content, list) or media.has_media(item.message):
             return media.render_parts(item, content, context)
         return content
 

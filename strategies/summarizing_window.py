@@ -30,6 +30,7 @@ from strategies.base import (
 )
 from strategies.compression import (
     choose_compressions,
+    compressed_item,
     content_text,
     exceeds,
     head_within,
@@ -42,6 +43,8 @@ from strategies.validity import make_valid, tool_units, trim_to_units
 
 # the share of the window budget the kept tail may use after an automatic summary
 TAIL_SHARE = 0.5
+# truncation lengths move in steps of 1/50 of the cap (see message_cap)
+STEADY_GRID = 50
 MIN_SUMMARIZED = 2
 
 
@@ -96,6 +99,20 @@ def fit_tail(
     return keep_from
 
 
+def message_cap(
+    config: SummarizingWindowConfig, context_window: int, calibration: float
+) -> tuple[int, int]:
+    """maxMessageRatio of the context window in estimated tokens, and the size a message
+    above it is cut to: the cap rounded down to a grid of 1/50 of the uncalibrated cap.
+
+    The cap moves with the calibration factor, which changes a little with every
+    response; on the grid the cut text mostly stays the same from one turn to the next,
+    so the counter's memory serves it instead of tokenizing the message again."""
+    raw = round(config.maxMessageRatio * context_window, 6)
+    cap = int(raw / calibration)
+    return cap, cap - cap % max(1, int(raw) // STEADY_GRID)
+
+
 def truncate_item(item: WindowItem, limit: int, count_tokens: CountTokens) -> WindowItem:
     """``item`` with its text cut so the whole message is at most ``limit`` tokens, with a
     visible marker line. Tool calls are untouched; an item whose text cannot shrink it
@@ -144,7 +161,7 @@ class SummarizingWindowStrategy:
         if start:
             notes.append(f"{start} messages covered by the summary are not sent")
 
-        cap = int(round(config.maxMessageRatio * context_window, 6) / calibration)
+        cap = message_cap(config, context_window, calibration)
         items = [self._render(m, cap, ctx.count_tokens) for m in live]
         pressure = exceeds(
             fixed + sum(i.tokens for i in items),
@@ -162,10 +179,7 @@ class SummarizingWindowStrategy:
         )
         for index, message in enumerate(live):
             if message.seq in stubs:
-                stub = stubs[message.seq]
-                items[index] = WindowItem(
-                    message=message, tokens=ctx.count_tokens(stub), text=stub, marker="compressed"
-                )
+                items[index] = compressed_item(message, stubs[message.seq], ctx.count_tokens)
         if stubs:
             notes.append(f"{len(stubs)} tool results compressed")
 
@@ -199,20 +213,41 @@ class SummarizingWindowStrategy:
             notes=notes,
         )
 
-    def _render(self, message: StoredMessage, cap: int, count_tokens: CountTokens) -> WindowItem:
+    def _render(
+        self, message: StoredMessage, cap: tuple[int, int], count_tokens: CountTokens
+    ) -> WindowItem:
         item = render_stored(message, count_tokens)
-        if item.marker is None and item.tokens > cap:
-            return truncate_item(item, cap, count_tokens)
+        if item.marker is None and item.tokens > cap[0]:
+            return truncate_item(item, cap[1], count_tokens)
         return item
+
+    def live_tokens(self, ctx: WindowContext) -> int:
+        """The live window before trimming, as an estimate: the system prompt, the latest
+        summary and every loaded message it does not cover, as rendered (stored stubs, the
+        message cap)."""
+        config: SummarizingWindowConfig = ctx.config  # type: ignore[assignment]
+        summary = latest_summary(ctx.summaries)
+        fixed = ctx.system_tokens + summary_tokens(
+            summary, config.summaryPlacement, ctx.count_tokens
+        )
+        cap = message_cap(config, ctx.context_window, ctx.calibration)
+        live = ctx.messages[live_start(ctx.messages, summary) :]
+        return fixed + sum(self._render(m, cap, ctx.count_tokens).tokens for m in live)
 
     def after_turn(self, ctx: WindowContext, window_tokens: int) -> SummarizePlan | None:
         """Summarize the oldest unsummarized range when ``autoSummarize`` is on and the
-        measured window is strictly above ``autoSummarizeRatio``. The kept tail is the
-        newest whole turns within half of the window budget (at least the current turn)."""
+        live window is strictly above ``autoSummarizeRatio``. The live window is the
+        measured one (``window_tokens``, calibrated) or, when larger, the unsummarized
+        conversation before trimming (``live_tokens``, calibrated): trimming must not hide
+        growth from the trigger, or a maxConversationRatio at or below autoSummarizeRatio
+        would never let it fire while older messages fall off unsummarized. The kept tail
+        is the newest whole turns within half of the window budget (at least the current
+        turn)."""
         config: SummarizingWindowConfig = ctx.config  # type: ignore[assignment]
         if not config.autoSummarize:
             return None
-        if not exceeds(window_tokens, config.autoSummarizeRatio, ctx.context_window):
+        live = max(window_tokens, self.live_tokens(ctx) * ctx.calibration)
+        if not exceeds(live, config.autoSummarizeRatio, ctx.context_window):
             return None
         tail = round(config.maxConversationRatio * ctx.context_window * TAIL_SHARE, 6)
         return plan_summary(ctx, tail_budget=tail, reason="autoSummarize")
@@ -254,6 +289,9 @@ def plan_summary(
     The plan builds on the latest summary (``previous``) and covers the union
     (``from_seq = previous.from_seq``), so the new record supersedes it. None when fewer
     than two messages are eligible: a plan always advances the summarized frontier.
+    ``messages`` are the loaded ones only: before running a plan the proxy re-reads every
+    stored message after ``previous`` up to ``to_seq`` (proxy/summarizer.py), since a
+    page shorter than the history may have left some out.
     """
     messages = ctx.messages
     previous = latest_summary(ctx.summaries)

@@ -7,8 +7,21 @@ without importing litellm. A user's own ``TIKTOKEN_CACHE_DIR`` is left alone.
 
 Message accounting follows OpenAI's chat format: a flat overhead per message plus its
 role, text, name and tool calls. Media parts are never counted as text (a base64 image
-would otherwise cost hundreds of thousands of tokens): images through ``image_tokens``,
-audio and files at a flat estimate.
+would otherwise cost hundreds of thousands of tokens):
+
+- images follow the provider's rules from the image's own size, read from its header:
+  OpenAI's tile formula (detail ``low`` = 85; ``high``/``auto``/``original``: fit in
+  2048x2048, shortest side down to 768, 170 per 512px tile + 85), Anthropic's
+  width x height / 750 for ``claude`` models; an image whose size cannot be read (a
+  remote URL) costs as a 1024x1024 one;
+- documents: 1,500 tokens per PDF page (text plus page image), pages counted from the
+  PDF; without a page count one page per 100 KB, text files at 4 bytes per token;
+- audio: 10 tokens per second, the duration read from a WAV header, else from the size
+  at 16 KB per second (128 kbit/s).
+
+The media rules live in ``strategies/media_tokens.py``. A stored part reference
+(``{"type": ..., "part": {...}}``, see ``proxy/parts.py``) carries the measured size, pages
+or duration, so counting it reads no bytes.
 """
 
 from __future__ import annotations
@@ -24,6 +37,8 @@ from typing import Any
 
 import tiktoken
 
+from strategies.media_tokens import audio_tokens, document_tokens, image_tokens
+
 log = logging.getLogger(__name__)
 
 O200K = "o200k_base"
@@ -34,11 +49,6 @@ _CL100K_PREFIXES = ("gpt-4", "gpt-3.5", "text-embedding")
 TOKENS_PER_MESSAGE = 3
 TOKENS_PER_NAME = 1
 TOKENS_PER_TOOL_CALL = 3
-# placeholder until the tile formula lands: the cost of a low-detail image
-IMAGE_TOKENS = 85
-# flat estimates for parts whose size the text tokenizer cannot see
-AUDIO_PART_TOKENS = 200
-FILE_PART_TOKENS = 500
 # characters per token when no tokenizer could be loaded at all
 _FALLBACK_CHARS_PER_TOKEN = 4
 
@@ -84,6 +94,7 @@ def get_encoding(name: str) -> tiktoken.Encoding | None:
         return None
 
 
+@functools.lru_cache(maxsize=1024)
 def encoding_for_model(model: str) -> str:
     """The tiktoken encoding name for a model id; cl100k_base for anything unknown."""
     name = (model or "").strip().lower().rsplit("/", 1)[-1]
@@ -103,6 +114,13 @@ def count_text(text: str, model: str) -> int:
 def make_counter(model: str) -> Callable[[str], int]:
     """A one-argument counter for ``WindowContext.count_tokens``."""
     return functools.partial(_count, encoding_for_model(model))
+
+
+@functools.cache
+def cached_counter(model: str) -> Callable[[str], int]:
+    """A counter that remembers the texts it has seen: stubs, summaries and truncations a
+    strategy renders every turn are tokenized once per process, not once per request."""
+    return functools.lru_cache(maxsize=16_384)(make_counter(model))
 
 
 def _count(encoding_name: str, text: str) -> int:
@@ -128,11 +146,6 @@ def truncate_to_tokens(text: str, max_tokens: int, model: str) -> str:
     return encoding.decode_bytes(tokens[:max_tokens]).decode("utf-8", errors="ignore")
 
 
-def image_tokens(part: Mapping[str, Any]) -> int:
-    """Tokens of an image part. A flat placeholder for now; the tile formula replaces it."""
-    return IMAGE_TOKENS
-
-
 def count_part(part: Any, model: str) -> int:
     """Tokens of one content part: text as text, media by estimate, never base64 as text."""
     if isinstance(part, str):
@@ -145,11 +158,11 @@ def count_part(part: Any, model: str) -> int:
     if kind == "refusal":
         return count_text(str(part.get("refusal") or ""), model)
     if kind in ("image_url", "image"):
-        return image_tokens(part)
+        return image_tokens(part, model)
     if kind in ("input_audio", "audio"):
-        return AUDIO_PART_TOKENS
+        return audio_tokens(part)
     if kind in ("file", "document"):
-        return FILE_PART_TOKENS
+        return document_tokens(part)
     text = part.get("text")
     return count_text(text, model) if isinstance(text, str) else 0
 
@@ -171,23 +184,29 @@ def _field(message: Any, name: str) -> Any:
     return getattr(message, name, None)
 
 
+@functools.lru_cache(maxsize=4096)
+def _count_name(text: str, model: str) -> int:
+    """Roles, names and tool names: a few short strings, each tokenized once."""
+    return count_text(text, model)
+
+
 def count_message(message: Any, model: str) -> int:
     """Tokens one chat message costs: a dict in OpenAI's shape or a StoredMessage-like object.
 
     3 per message, plus the role, the content, the name (+1) and each tool call's function
     name and arguments (+3 per call). Tool call ids are not counted.
     """
-    tokens = TOKENS_PER_MESSAGE + count_text(str(_field(message, "role") or ""), model)
+    tokens = TOKENS_PER_MESSAGE + _count_name(str(_field(message, "role") or ""), model)
     tokens += count_content(_field(message, "content"), model)
     name = _field(message, "name")
     if name:
-        tokens += count_text(str(name), model) + TOKENS_PER_NAME
+        tokens += _count_name(str(name), model) + TOKENS_PER_NAME
     for call in _field(message, "tool_calls") or ():
         function = call.get("function") if isinstance(call, Mapping) else None
         if not isinstance(function, Mapping):
             continue
         tokens += TOKENS_PER_TOOL_CALL
-        tokens += count_text(str(function.get("name") or ""), model)
+        tokens += _count_name(str(function.get("name") or ""), model)
         arguments = function.get("arguments")
         if arguments is not None and not isinstance(arguments, str):
             arguments = json.dumps(arguments)

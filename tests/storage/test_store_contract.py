@@ -690,6 +690,23 @@ async def test_parts_are_stored_once_by_digest(store: Store) -> None:
     assert await store.get_part("0" * 64) is None
 
 
+async def test_parts_are_written_and_read_in_batches(store: Store) -> None:
+    first, second = b"\x89PNG first\n", b"%PDF-1.4 second"
+    digests = ["sha256:" + hashlib.sha256(d).hexdigest() for d in (first, second)]
+    await store.put_part(digests[0], first, "image/png")
+
+    await store.put_parts([(digests[0], b"ignored: already stored", "image/png"),
+                           (digests[1], second, "application/pdf"),
+                           (digests[1], second, "application/pdf")])
+    await store.put_parts([])
+
+    assert await store.get_parts([*digests, "sha256:" + "0" * 64]) == {
+        digests[0]: (first, "image/png"),
+        digests[1]: (second, "application/pdf"),
+    }
+    assert await store.get_parts([]) == {}
+
+
 async def test_ping_answers(store: Store) -> None:
     assert await store.ping() is True
 

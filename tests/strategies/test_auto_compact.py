@@ -200,6 +200,8 @@ def test_a_call_waiting_for_its_result_survives_the_compaction(placement):
 @pytest.mark.parametrize(
     ("window_tokens", "planned"),
     [
+        pytest.param(500, False, id="well-below-compactAtRatio"),
+        pytest.param(799, False, id="one-token-below"),
         pytest.param(800, False, id="exactly-at-compactAtRatio"),
         pytest.param(801, True, id="one-token-above"),
     ],
@@ -221,6 +223,37 @@ def test_a_compaction_builds_on_the_previous_one():
     ctx = context(three_turns()[8:], DEFAULT, context_window=1000, summaries=[previous])
     plan = STRATEGY.after_turn(ctx, 900)
     assert (plan.from_seq, plan.to_seq, plan.previous) == (9, 12, previous)
+
+
+def test_the_trigger_takes_the_measured_window_as_already_calibrated():
+    # the proxy passes a calibrated measurement; the strategy compares it as given
+    ctx = context(three_turns(), DEFAULT, context_window=1000, calibration=2.0)
+    assert STRATEGY.after_turn(ctx, 700) is None
+    assert STRATEGY.after_turn(ctx, 801) is not None
+
+
+@pytest.mark.parametrize(
+    ("summary_tokens", "planned"),
+    [
+        pytest.param(60, True, id="live-part-outweighs-the-summary"),
+        pytest.param(540, False, id="live-part-no-bigger-than-the-summary"),
+    ],
+)
+def test_a_compaction_that_cannot_shrink_the_window_is_not_repeated(summary_tokens, planned):
+    # a huge system prompt keeps every window over the ratio: compacting the one small turn
+    # after the last compaction into a summary of the same size would loop on every turn
+    previous = SummaryRecord(kind="compaction", text="s", from_seq=1, to_seq=8, id=1,
+                             tokens=summary_tokens)
+    live = three_turns()[8:]  # 540 tokens
+    ctx = context(live, DEFAULT, context_window=1000, summaries=[previous], system_tokens=900)
+    assert (STRATEGY.after_turn(ctx, 1500) is not None) is planned
+
+
+def test_the_compact_action_always_compacts_even_a_small_live_part():
+    previous = SummaryRecord(kind="compaction", text="s", from_seq=1, to_seq=8, id=1,
+                             tokens=5000)
+    plan = STRATEGY.compress(context(three_turns()[8:], DEFAULT, summaries=[previous]))
+    assert [(p.from_seq, p.to_seq) for p in plan.summarize] == [(9, 12)]
 
 
 def test_a_call_still_waiting_for_its_results_stays_live():

@@ -17,8 +17,10 @@ from strategies.compression import (
     exceeds,
     head_within,
     render_stored,
+    stub_tokens,
 )
 from strategies.config import SummarizingWindowConfig, ToolResultEviction
+from strategies.tokens import count_message, make_counter
 
 CONFIG = SummarizingWindowConfig()  # threshold at a 10k window: max(500, 200) = 500
 WINDOW = 10_000
@@ -174,10 +176,20 @@ def test_a_stored_stub_is_rendered_instead_of_the_original():
     message = tool("a", "original " * 500, tokens=1000)
     message.compressed_content = "short stub"
     item = render_stored(message, lambda text: len(text))
-    assert (item.text, item.marker, item.tokens) == ("short stub", "compressed", 10)
+    # the chat format's 3 per message, the role ("tool": 4 by this counter) and the stub
+    assert (item.text, item.marker, item.tokens) == ("short stub", "compressed", 3 + 4 + 10)
     assert message.content.startswith("original")
     plain = render_stored(tool("b", tokens=33), len)
     assert (plain.text, plain.marker, plain.tokens) == (None, None, 33)
+
+
+@pytest.mark.parametrize("name", [None, "lookup"])
+def test_a_stub_costs_what_the_tokenizer_counts_for_the_message_sent(name):
+    message = tool("a", "x" * 4000, tokens=1004)
+    message.name = name
+    stub = compression_stub("x" * 4000, 1004)
+    sent = {"role": "tool", "tool_call_id": "a", "content": stub, "name": name}
+    assert stub_tokens(message, stub, make_counter("gpt-4o")) == count_message(sent, "gpt-4o")
 
 
 # --- eviction ----------------------------------------------------------------------------

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from helpers import assistant, context, history, render, seqs, tool, user
+from helpers import assistant, context, history, render, seqs, tool, turn_start, user
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_validity import histories
 
 from strategies.base import Window
+from strategies.compression import NEWEST_PROTECTED, STUB_HINT, compression_threshold
 from strategies.config import SummarizingWindowConfig
 from strategies.records import LoadSpec, SummaryRecord
 from strategies.summarizing_window import SummarizingWindowStrategy
@@ -238,6 +242,31 @@ def test_the_cap_applies_strictly_above_max_message_ratio(tokens, truncated):
     assert (item.marker == "truncated") is truncated
 
 
+@pytest.mark.parametrize(
+    ("calibration", "truncated"),
+    [
+        pytest.param(1.0, False, id="190-tokens-under-the-cap"),
+        pytest.param(1.1, True, id="calibrated-209-above-the-cap"),
+    ],
+)
+def test_the_cap_is_calibrated(calibration, truncated):
+    messages = history(user("y" * 2000, tokens=190))
+    window = STRATEGY.select(context(messages, context_window=1000, calibration=calibration))
+    assert (window.items[0].marker == "truncated") is truncated
+
+
+def test_a_truncation_stays_the_same_while_the_calibration_moves_a_little():
+    messages = history(user("q1"), assistant("a1"), user("x " * 12_000))
+    cut = {
+        STRATEGY.select(context(messages, context_window=10_000, calibration=c)).items[-1].text
+        for c in (1.01, 1.015, 1.02)
+    }
+    assert len(cut) == 1
+    [text] = cut
+    # within the cap of each (1,960 tokens at 1.02, by the default counter)
+    assert len(text) // 4 <= 1960
+
+
 def test_truncation_leaves_tool_calls_untouched():
     calls = [{"id": "a", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
     messages = history(user("q"), assistant("z" * 4000, tool_calls=calls, tokens=1010), tool("a"))
@@ -289,8 +318,55 @@ def auto(**fields):
     ],
 )
 def test_auto_summarize_fires_only_above_its_ratio(window_tokens, planned):
-    ctx = context(turns(5), auto(), context_window=1000)
+    # the loaded conversation is small (100 tokens): the measured window decides
+    ctx = context(turns(5, size=10), auto(), context_window=1000)
     assert (STRATEGY.after_turn(ctx, window_tokens) is not None) is planned
+
+
+@pytest.mark.parametrize(
+    ("system_tokens", "planned"),
+    [
+        pytest.param(0, False, id="live-exactly-at-autoSummarizeRatio"),
+        pytest.param(1, True, id="live-one-token-above"),
+    ],
+)
+def test_the_trigger_measures_the_live_conversation_before_trimming(system_tokens, planned):
+    # 750 tokens of unsummarized messages; the window sent was trimmed to far less
+    ctx = context(turns(5, size=75), auto(), context_window=1000, system_tokens=system_tokens)
+    assert STRATEGY.live_tokens(ctx) == 750 + system_tokens
+    assert (STRATEGY.after_turn(ctx, 400) is not None) is planned
+
+
+def test_auto_summarize_fires_when_the_budget_is_below_its_ratio():
+    # maxConversationRatio 0.6 trims every window to 600: the live conversation (1,000)
+    # still triggers, so older turns are summarized instead of silently falling off
+    cfg = auto(maxConversationRatio=0.6)
+    ctx = context(turns(5), cfg, context_window=1000)
+    window = STRATEGY.select(ctx)
+    assert window.trimmed and window.tokens <= 600
+    plan = STRATEGY.after_turn(ctx, window.tokens)
+    assert plan is not None and plan.from_seq == 1
+
+
+def test_the_live_measure_is_calibrated_and_skips_what_the_summary_covers():
+    ctx = context(turns(5, size=70), auto(), context_window=1000)
+    assert STRATEGY.after_turn(ctx, 0) is None  # 700
+    assert STRATEGY.after_turn(context(turns(5, size=70), auto(), context_window=1000,
+                                       calibration=1.1), 0) is not None  # 770
+    record = summary(1, 4, "s")
+    covered = context(turns(5, size=70), auto(), context_window=1000, summaries=[record])
+    rendered = covered.count_tokens(render_summary(record, "SYSTEM_PROMPT"))
+    assert STRATEGY.live_tokens(covered) == 6 * 70 + rendered
+
+
+def test_the_live_measure_uses_stored_stubs_and_the_message_cap():
+    messages = history(user("q", tokens=10), assistant(None, tool_calls=["a"], tokens=10),
+                       tool("a", "A" * 40, tokens=600), assistant("x" * 4000, tokens=1010),
+                       user("q2", tokens=10))
+    messages[2].compressed_content = "stub"
+    ctx = context(messages, auto(), context_window=1000)
+    # the stub (3 + role + text by the default counter) and the answer cut to the cap
+    assert STRATEGY.live_tokens(ctx) <= 10 + 10 + 5 + 200 + 10
 
 
 def test_auto_summarize_is_opt_in():
@@ -381,3 +457,60 @@ def test_compact_with_nothing_to_do_is_a_noop_with_a_message():
     plan = STRATEGY.compress(context(turns(1)))
     assert plan.noop
     assert plan.message
+
+
+# --- properties ------------------------------------------------------------------------------
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    messages=histories(),
+    context_window=st.sampled_from([1000, 4000, 20_000]),
+    calibration=st.sampled_from([0.8, 1.0, 1.5]),
+    budget=st.sampled_from([0.5, 0.8, 1.0]),
+    pressure=st.sampled_from([0.1, 0.5, 0.9]),
+    summarized=st.integers(0, 6),
+    placement=st.sampled_from(["SYSTEM_PROMPT", "USER_MESSAGE"]),
+)
+def test_every_window_is_valid_within_budget_and_compresses_only_by_the_rules(
+    messages, context_window, calibration, budget, pressure, summarized, placement
+):
+    cfg = config(maxConversationRatio=budget, compressWhenWindowAboveRatio=pressure,
+                 minToolResultCompressTokens=100, summaryPlacement=placement)
+    turn = turn_start(messages)
+    records = [summary(1, messages[summarized - 1].seq)] if 0 < summarized <= turn else []
+    ctx = context(messages, cfg, context_window=context_window, system_tokens=50,
+                  calibration=calibration, summaries=records)
+    window = STRATEGY.select(ctx)
+
+    assert check_openai_messages(with_summary(window)) == []
+    sent = seqs(window)
+    assert sent == sorted(set(sent))
+    current = [m.seq for m in messages[turn:]]
+    assert sent[-len(current):] == current, "the current turn is sent whole"
+    assert not records or sent[0] > records[0].to_seq
+    assert window.trimmed == len(messages) - len(window.items)
+
+    # within the budget, unless the current turn alone is larger
+    fixed = window.tokens - sum(i.tokens for i in window.items)
+    if window.tokens * calibration > round(budget * context_window, 6):
+        assert sent == current
+        assert any("current turn" in note for note in window.notes)
+    # a message above the cap is cut to it, when its text can shrink enough
+    cap = round(cfg.maxMessageRatio * context_window, 6) / calibration
+    for item in window.items:
+        if item.marker == "truncated":
+            assert item.tokens <= cap and item.message.tokens > cap
+    assert fixed >= 50
+
+    # every stub obeys the four rules
+    results = [i for i, m in enumerate(messages) if m.role == "tool"]
+    newest = {messages[i].seq for i in results[-NEWEST_PROTECTED:]}
+    last_assistant = max((i for i, m in enumerate(messages) if m.role == "assistant"), default=-1)
+    for seq, stub in window.new_stubs.items():
+        index = next(i for i, m in enumerate(messages) if m.seq == seq)
+        message = messages[index]
+        assert message.role == "tool" and index < last_assistant and seq not in newest
+        assert message.tokens * calibration > compression_threshold(cfg, context_window)
+        assert STUB_HINT in stub
+        assert not records or seq > records[0].to_seq

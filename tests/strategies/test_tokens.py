@@ -11,11 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from strategies.media_tokens import DOCUMENT_PAGE_TOKENS, UNKNOWN_IMAGE_TOKENS
 from strategies.records import StoredMessage
 from strategies.tokens import (
-    AUDIO_PART_TOKENS,
-    FILE_PART_TOKENS,
-    IMAGE_TOKENS,
     count_message,
     count_text,
     encoding_for_model,
@@ -122,8 +120,9 @@ def test_an_image_is_not_counted_as_its_base64_text():
     }
     tokens = count_message(message, "gpt-4o")
     assert tokens < 1000
-    assert tokens == 3 + 1 + count_text("what is this?", "gpt-4o") + IMAGE_TOKENS
-    assert image_tokens(message["content"][1]) == IMAGE_TOKENS
+    # not a readable image header: the estimate for an image of unknown size
+    assert tokens == 3 + 1 + count_text("what is this?", "gpt-4o") + UNKNOWN_IMAGE_TOKENS
+    assert image_tokens(message["content"][1]) == UNKNOWN_IMAGE_TOKENS
 
 
 @pytest.mark.parametrize(
@@ -131,18 +130,18 @@ def test_an_image_is_not_counted_as_its_base64_text():
     [
         pytest.param(
             {"type": "input_audio", "input_audio": {"data": "UklGR" * 100_000, "format": "wav"}},
-            AUDIO_PART_TOKENS,
+            235,  # no readable WAV header: 375,000 bytes at 16 KB/s, 10 tokens per second
             id="audio",
         ),
         pytest.param(
             {"type": "file", "file": {"file_data": "JVBERi0" * 100_000, "filename": "a.pdf"}},
-            FILE_PART_TOKENS,
+            6 * DOCUMENT_PAGE_TOKENS,  # no page objects: one page per 100 KB of 525,000 bytes
             id="file",
         ),
         pytest.param({"type": "mystery", "blob": "x" * 100_000}, 0, id="unknown-part"),
     ],
 )
-def test_other_media_parts_cost_a_flat_estimate(part, tokens):
+def test_other_media_parts_cost_an_estimate_by_size_not_as_text(part, tokens):
     assert count_message({"role": "user", "content": [part]}, "gpt-4o") == 3 + 1 + tokens
 
 

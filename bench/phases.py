@@ -1,0 +1,212 @@
+"""The measurements of one run, each a function of the targets it drives.
+
+Targets: A the fake upstream itself, B the pass-through floor, C memory-proxy on SQLite,
+C' memory-proxy on Redis, D LiteLLM's proxy. Phases interleave the targets (round by
+round) so that background load on the machine hits them alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import load
+import sampling
+from load import LoadResult, SessionPool, median
+from servers import OUT, Server, http_status
+
+
+@dataclass
+class Target:
+    key: str  # "A", "B", "C", "C'", "D"
+    label: str
+    base_url: str
+    server: Server  # the process whose CPU and memory are charged to this target
+    pool: SessionPool | None = None  # memory-proxy: the sessions its turns go to
+
+    def cpu(self) -> float:
+        return self.server.cpu_seconds()
+
+    def waited(self) -> float:
+        return self.server.runqueue_seconds()
+
+
+@dataclass
+class Measured:
+    """One target's numbers in one phase; ``cpu_ms`` is server CPU per request, ``wait_ms``
+    the time its threads were runnable but had no CPU (other load on the machine)."""
+
+    key: str
+    rounds: list[LoadResult] = field(default_factory=list)
+    cpu_ms: list[float] = field(default_factory=list)
+    wait_ms: list[float] = field(default_factory=list)
+
+    def add(self, result: LoadResult, cpu_seconds: float, waited: float = 0.0) -> None:
+        self.rounds.append(result)
+        if result.requests:
+            self.cpu_ms.append(cpu_seconds / result.requests * 1000)
+            self.wait_ms.append(waited / result.requests * 1000)
+
+    def p50(self) -> float:
+        return median([r.p50 for r in self.rounds])
+
+    def p99(self) -> float:
+        return median([r.p99 for r in self.rounds])
+
+    def rps(self) -> float:
+        return median([r.rps for r in self.rounds])
+
+    def errors(self) -> int:
+        return sum(r.errors for r in self.rounds)
+
+    def requests(self) -> int:
+        return sum(r.requests for r in self.rounds)
+
+    def cpu_per_request_ms(self) -> float:
+        return median(self.cpu_ms)
+
+    def wait_per_request_ms(self) -> float:
+        return median(self.wait_ms)
+
+    def ttfb_ms(self, pct: int) -> float:
+        samples = [t for r in self.rounds for t in r.ttfb]
+        return load.percentile(samples, pct) * 1000 if samples else 0.0
+
+    def latency_ms(self, pct: int) -> float:
+        samples = [t for r in self.rounds for t in r.latencies]
+        return load.percentile(samples, pct) * 1000 if samples else 0.0
+
+
+def charged(target: Target, run: Callable[[], LoadResult]) -> tuple[LoadResult, float, float]:
+    """Run the load; also the server's CPU seconds and run-queue wait during it."""
+    cpu, waited = target.cpu(), target.waited()
+    result = run()
+    return result, target.cpu() - cpu, target.waited() - waited
+
+
+def wrk_run(target: Target, concurrency: int, seconds: float, env_cpus: str | None) -> LoadResult:
+    return load.wrk(target.base_url, concurrency=concurrency, seconds=seconds, pool=target.pool,
+                    cpus=env_cpus, script_dir=OUT / "wrk" / target.key.replace("'", "2"))
+
+
+def warm_up(targets: list[Target], env_cpus: str | None) -> None:
+    """Open pools, load tokenizers and caches before anything is measured."""
+    for target in targets:
+        wrk_run(target, 4, 1, env_cpus)
+
+
+def latency_rounds(
+    targets: list[Target], rounds: int, seconds: float, env_cpus: str | None
+) -> dict[str, Measured]:
+    """Concurrency 1, wrk, the targets in a rotated order each round."""
+    out = {t.key: Measured(t.key) for t in targets}
+    for index in range(rounds):
+        order = targets[index % len(targets):] + targets[: index % len(targets)]
+        for target in order:
+            out[target.key].add(*charged(target, lambda t=target: wrk_run(t, 1, seconds, env_cpus)))
+    return out
+
+
+def added_p50(measured: dict[str, Measured], key: str, pct: str = "p50") -> float:
+    """Median over rounds of (target - A) in the same round."""
+    base = measured["A"].rounds
+    mine = measured[key].rounds
+    return median([getattr(m, pct) - getattr(a, pct) for m, a in zip(mine, base, strict=False)])
+
+
+def throughput(
+    targets: list[Target], concurrencies: tuple[int, ...], seconds: float, env_cpus: str | None
+) -> dict[int, dict[str, Measured]]:
+    out: dict[int, dict[str, Measured]] = {}
+    for concurrency in concurrencies:
+        out[concurrency] = {}
+        for target in targets:
+            measured = out[concurrency][target.key] = Measured(target.key)
+            measured.add(*charged(
+                target, lambda t=target, c=concurrency: wrk_run(t, c, seconds, env_cpus)
+            ))
+    return out
+
+
+def max_rps(by_concurrency: dict[int, dict[str, Measured]], key: str) -> tuple[float, int]:
+    """Best requests/s over the concurrencies that had no error, and that concurrency."""
+    best, at = 0.0, 0
+    for concurrency, measured in by_concurrency.items():
+        m = measured.get(key)
+        if m is not None and m.errors() == 0 and m.rps() > best:
+            best, at = m.rps(), concurrency
+    return best, at
+
+
+async def closed_rounds(
+    targets: list[Target], requests: int, rounds: int, *, stream: bool = False,
+    pools: dict[str, SessionPool | None] | None = None,
+) -> dict[str, Measured]:
+    """The aiohttp client at concurrency 1, ``requests`` per target split into rounds."""
+    out = {t.key: Measured(t.key) for t in targets}
+    per_round = max(1, requests // rounds)
+    for index in range(rounds):
+        for target in targets:
+            pool = pools.get(target.key, target.pool) if pools is not None else target.pool
+            cpu, waited = target.cpu(), target.waited()
+            result = await load.closed_loop(target.base_url, requests=per_round, pool=pool,
+                                            stream=stream, warmup=1 if index == 0 else 0)
+            out[target.key].add(result, target.cpu() - cpu, target.waited() - waited)
+    return out
+
+
+async def chunk_timing(a: Target, c: Target, session_path: str) -> dict[str, Any]:
+    """One slow stream (a chunk every 20 ms) straight and through memory-proxy."""
+    straight = await load.chunk_arrivals(a.base_url, "/v1/chat/completions")
+    proxied = await load.chunk_arrivals(c.base_url, session_path)
+    return {"A": straight, "C": proxied}
+
+
+def profile_under_load(
+    target: Target, seconds: float, concurrency: int, env_cpus: str | None, name: str,
+    *, gil: bool = False,
+) -> tuple[sampling.Profile | str, LoadResult]:
+    raw = OUT / "profiles" / f"{name}.txt"
+    raw.unlink(missing_ok=True)
+    spy = sampling.start(target.server.pid, seconds, raw, gil=gil)
+    time.sleep(0.3)  # let py-spy attach before the load starts
+    result = wrk_run(target, concurrency, seconds, env_cpus)
+    return sampling.finish(spy, raw), result
+
+
+def time_to_ready(make: Callable[[], Server], repeats: int) -> dict[str, float]:
+    """Spawn to ``/ready`` (median of ``repeats``), and the first turn after ready."""
+    ready, first = [], []
+    for _ in range(repeats):
+        server = make()
+        server.start()
+        try:
+            assert server.ready_seconds is not None
+            ready.append(server.ready_seconds)
+            started = time.perf_counter()
+            result = asyncio.run(load.closed_loop(
+                server.url, requests=1,
+                pool=SessionPool("bench", f"ready-{time.monotonic_ns()}", 1),
+            ))
+            if result.errors == 0:
+                first.append(time.perf_counter() - started)
+            rss = server.rss_mb()
+        finally:
+            server.stop()
+    return {"ready_s": median(ready), "first_turn_s": median(first), "idle_rss_mb": rss}
+
+
+def wait_ready(server: Server) -> bool:
+    return http_status(server.port, server.ready_path) == 200
+
+
+def store_file(name: str) -> tuple[str, Path]:
+    path = OUT / "data" / f"{name}.db"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for suffix in ("", "-wal", "-shm"):
+        Path(str(path) + suffix).unlink(missing_ok=True)
+    return f"sqlite:///{path}", path

@@ -1,0 +1,345 @@
+"""bench/RESULTS.md from the numbers of one run (``results`` as run.py collects them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sampling import Profile
+
+OWN_CODE = ("proxy/", "storage/", "strategies/")
+# where a turn's CPU goes: (label, frame prefix) matched against the inclusive profile
+COMPONENTS = (
+    ("the chat handler (proxy/chat.py chat_completions)", "chat_completions"),
+    ("- prepare_turn: load, sync, window, render", "prepare_turn"),
+    ("-- store load (query and decoding)", "load_snapshot"),
+    ("-- strategy select", "SummarizingWindowStrategy.select"),
+    ("-- mapper", "MessageToLlmMessageMapper.map"),
+    ("- upstream call (aiohttp client)", "OpenAIUpstream.chat"),
+    ("- persist_turn: the turn's write", "persist_turn"),
+    ("- after-turn bookkeeping (proxy/after_turn.py)", "schedule_after_turn"),
+    ("- token counting", "count_message"),
+)
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f} ms"
+
+
+def _verdict(ok: bool | None) -> str:
+    return {True: "met", False: "**not met**", None: "n/a"}[ok]
+
+
+def _table(head: list[str], rows: list[list[Any]]) -> list[str]:
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return [*out, ""]
+
+
+def targets(r: dict[str, Any]) -> tuple[list[list[Any]], list[str]]:
+    """The issue's targets, each with its number and verdict; and the unmet ones."""
+    rows: list[list[Any]] = []
+    unmet: list[str] = []
+
+    def check(name: str, value: str, ok: bool | None) -> None:
+        rows.append([name, value, _verdict(ok)])
+        if ok is False:
+            unmet.append(name)
+
+    added = r["latency_added"].get("C", {})
+    check("added latency p50 at concurrency 1 (C vs A) ≤ 1 ms", _ms(added.get("p50")),
+          added.get("p50", 99) <= 1.0)
+    check("added latency p99 at concurrency 1 (C vs A) ≤ 5 ms", _ms(added.get("p99")),
+          added.get("p99", 99) <= 5.0)
+    c32 = r["throughput"][32]
+    c_rps = c32["C"]["rps"] if c32["C"]["errors"] == 0 else 0.0
+    check("throughput at concurrency 32, one worker (C) ≥ 2,000 req/s", f"{c_rps:,.0f} req/s",
+          c_rps >= 2000)
+    if "D" in c32:
+        d_rps = c32["D"]["rps"]
+        ratio = c_rps / d_rps if d_rps else 0.0
+        check("throughput at concurrency 32 ≥ 5x LiteLLM's proxy (C / D)", f"{ratio:.1f}x",
+              ratio >= 5)
+    else:
+        check("throughput ≥ 5x LiteLLM's proxy", "D not run", None)
+    sse = r["sse"]
+    overhead = sse["C"]["ttfb_p50"] - sse["A"]["ttfb_p50"]
+    check("SSE time-to-first-byte overhead p50 (C vs A) ≤ 1 ms", _ms(overhead), overhead <= 1.0)
+    spread = chunk_spread(r["chunks"])
+    check("chunks forwarded as they arrive (slow stream: last-first arrival, C vs A)",
+          f"{spread['C']:.0f} ms vs {spread['A']:.0f} ms over {spread['pieces_C']} reads",
+          spread["pieces_C"] > 2 and spread["C"] >= 0.8 * spread["A"])
+    window = r["window"]["C"]
+    ratio = window["cpu_ms_10000"] / window["cpu_ms_100"] if window["cpu_ms_100"] else 0.0
+    latency = window["p50_10000"] / window["p50_100"] if window["p50_100"] else 0.0
+    check("windowed 100: a turn on 10,000 stored costs ≤ 1.2x one on 100 stored "
+          "(proxy CPU per turn; p50 latency ratio beside it)",
+          f"{ratio:.2f}x (latency {latency:.2f}x)", ratio <= 1.2)
+    trips = max((c["round_trips"] for c in r["inprocess"]), default=0)
+    check("≤ 3 store round trips per turn (worst scenario, both stores)", f"{trips:.1f}",
+          trips <= 3)
+    grows = tokenizing_grows(r["inprocess"])
+    check("no tokenizing of already-stored messages (text tokenized per turn flat in history)",
+          "flat" if not grows else "grows with history", not grows)
+    ready = r["ready"]["C"]["ready_s"]
+    check("ready to serve ≤ 2 s (spawn to /ready 200, SQLite)", f"{ready:.2f} s", ready <= 2)
+    big = r["big"]["C"]
+    check(f"RSS ≤ 150 MB with {big['sessions']:,} sessions stored (peak, SQLite)",
+          f"{big['peak_rss_mb']:.0f} MB", big["peak_rss_mb"] <= 150)
+    big_r = r["big"]["C'"]
+    check(f"RSS ≤ 150 MB with {big_r['sessions']:,} sessions stored (peak, Redis)",
+          f"{big_r['peak_rss_mb']:.0f} MB", big_r["peak_rss_mb"] <= 150)
+    workers = r["workers"]
+    one, two = workers[1][32]["rps"], workers[2][32]["rps"]
+    check("`serve --workers 2` scales on Redis (req/s at concurrency 32, 2 vs 1 worker)",
+          f"{two / one if one else 0:.2f}x ({one:,.0f} → {two:,.0f})",
+          one > 0 and two / one >= 1.2)
+    return rows, unmet
+
+
+def chunk_spread(chunks: dict[str, list[float]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for key in ("A", "C"):
+        times = chunks.get(key) or [0.0]
+        out[key] = (times[-1] - times[0]) * 1000
+        out[f"pieces_{key}"] = len(times)
+    return out
+
+
+def tokenizing_grows(costs: list[dict[str, Any]]) -> bool:
+    by = {(c["store"], c["scenario"]): c["tokenized_chars"] for c in costs}
+    for store in ("sqlite", "redis"):
+        small = by.get((store, "delta turn, 20 stored"))
+        large = by.get((store, "delta turn, 10,000 stored"))
+        if small is not None and large is not None and large > small * 1.1 + 200:
+            return True
+    return False
+
+
+def _profile_lines(key: str, entry: dict[str, Any]) -> list[str]:
+    profile = entry["profile"]
+    if not isinstance(profile, Profile):
+        return [f"{key}: {profile}", ""]
+    out = [f"**{key}** under wrk at concurrency 32 ({entry['rps']:,.0f} req/s while sampled), "
+           f"{profile.samples} samples taken only while a thread held the GIL (py-spy --gil: "
+           "where the Python CPU goes); raw stacks in "
+           f"bench/out/profiles/{profile.raw.name}.", ""]
+    rows = []
+    for label, function in COMPONENTS:
+        share = sum(s for f, s in profile.inclusive if f.split(" (")[0] == function)
+        rows.append([label, f"{share:.1%}"])
+    rows.append(["stacks with no memory-proxy frame: uvicorn, Starlette, asyncio, aiohttp",
+                 f"{profile.framework_only:.1%}"])
+    out += ["Where the samples fall (inclusive):", ""]
+    out += _table(["part of the turn", "share of samples"], rows)
+    out += ["Top self time:", ""]
+    out += _table(["frame", "share"], [[f"`{f}`", f"{s:.1%}"] for f, s in profile.self_time[:12]])
+    own = [(f, s) for f, s in profile.inclusive
+           if any(m in f for m in OWN_CODE) and "proxy/cli.py" not in f]
+    out += ["memory-proxy's own code, inclusive time (callees included):", ""]
+    out += _table(["frame", "share"], [[f"`{f}`", f"{s:.1%}"] for f, s in own[:15]])
+    return out
+
+
+def render(r: dict[str, Any]) -> str:
+    m = r["machine"]
+    keys = list(r["targets"])
+    lines = [
+        "# memory-proxy benchmark results",
+        "",
+        f"Produced by `{r['command']}` on {m['date']} (commit {m['commit']}), "
+        f"{r['seconds'] / 60:.1f} minutes.",
+        "",
+        f"Machine: {m['cpu']}, {m['memory']}, Python {m['python']}, Linux {m['kernel']}. "
+        f"Load average before/after: {r['load_before']} / {r['load_after']}. "
+        f"CPU layout: client (wrk or aiohttp), fake upstream and redis-server on CPU "
+        f"{r['cpus']['environment']}; the server under test alone on CPU {r['cpus']['server']} "
+        "(taskset), so A is measured with the same client and upstream as everything else.",
+        "",
+        "Targets: " + "; ".join(f"**{k}** {v}" for k, v in r["targets"].items()) + ".",
+        "",
+    ]
+    if r.get("litellm"):
+        lines += [f"D (LiteLLM's proxy) is not in this run: {r['litellm']}", ""]
+    for note in r["notes"]:
+        lines += [f"Note: {note}", ""]
+
+    rows, unmet = targets(r)
+    lines += ["## Targets", "", *_table(["target", "measured", "verdict"], rows)]
+
+    lines += ["## Added latency at concurrency 1", "",
+              f"wrk, one connection, {r['plan']['rounds']} interleaved rounds of "
+              f"{r['plan']['round_seconds']:.0f} s per target; medians of the rounds. Delta "
+              "client turns on sessions of the shared pool (20 stored messages at the start, "
+              "default strategy). Server CPU is the CPU time of the target's process(es) per "
+              "request (for A, the fake upstream's).", ""]
+    rows = []
+    for k in keys:
+        lat, added = r["latency"][k], r["latency_added"].get(k)
+        rows.append([k, _ms(lat["p50"]), _ms(lat["p99"]),
+                     _ms(added["p50"]) if added else "-", _ms(added["p99"]) if added else "-",
+                     _ms(lat["cpu_ms"]), _ms(lat["wait_ms"]), lat["errors"]])
+    lines += _table(["target", "p50", "p99", "added p50 vs A", "added p99 vs A",
+                     "server CPU / request", "server run-queue wait / request", "errors"], rows)
+    lines += ["Run-queue wait is the time the server's threads were ready to run but had no CPU "
+              "(from /proc/PID/task/*/schedstat): what other load on the machine added to its "
+              "latency in this run.", ""]
+
+    lines += ["## Throughput", "",
+              f"wrk, {r['plan']['throughput_seconds']:.0f} s per cell, requests/s "
+              "(p50 / p99 latency; errors). One worker process per server.", ""]
+    rows = []
+    for k in keys:
+        row = [k]
+        for by in r["throughput"].values():
+            cell = by[k]
+            err = f"; {cell['errors']} errors" if cell["errors"] else ""
+            row.append(f"{cell['rps']:,.0f} ({cell['p50']:.1f} / {cell['p99']:.1f} ms{err})")
+        best, at = r["max_rps"][k]
+        cpu = r["throughput"][32][k]["cpu_ms"]
+        row += [f"{best:,.0f} (c={at})", _ms(cpu), f"{1000 / cpu:,.0f}" if cpu else "-"]
+        rows.append(row)
+    lines += _table(["target", *[f"c={c}" for c in r["throughput"]],
+                     "max without errors", "CPU / request at c=32",
+                     "one core's worth (1 s / CPU per request)"], rows)
+    lines += ["The last column is the rate one fully available core would sustain at the "
+              "measured CPU cost: the bound when the machine is shared, as here.", ""]
+
+    lines += ["## Streams", "",
+              f"Time to first body byte, aiohttp client at concurrency 1, "
+              f"{r['plan']['sse_requests']} streamed turns per target.", ""]
+    rows = []
+    for k in keys:
+        s = r["sse"][k]
+        rows.append([k, _ms(s["ttfb_p50"]), _ms(s["ttfb_p99"]),
+                     _ms(s["ttfb_p50"] - r["sse"]["A"]["ttfb_p50"]) if k != "A" else "-",
+                     s["errors"]])
+    lines += _table(["target", "TTFB p50", "TTFB p99", "overhead p50 vs A", "errors"], rows)
+    chunks = r["chunks"]
+    lines += ["A fake upstream that sends one event every 20 ms (12 events): arrival of each "
+              "read at the client, ms after the request:", "",
+              "- A: " + ", ".join(f"{t * 1000:.0f}" for t in chunks["A"]),
+              "- C: " + ", ".join(f"{t * 1000:.0f}" for t in chunks["C"]), ""]
+
+    lines += ["## Per-turn cost against stored history", "",
+              f"aiohttp client at concurrency 1, {r['plan']['history_requests']} delta turns per "
+              "target and size, default strategy (summarizing_window: loads up to "
+              "maxHistoryFetch = 500 messages and sends what fits the budget, so the window "
+              "itself grows up to 500 messages). Latency in ms; CPU is the proxy's per turn.", ""]
+    rows = []
+    for size, by in r["histories"].items():
+        a = by["A"]["p50"]
+        row = [f"{int(size):,}", f"{a:.2f}"]
+        for k in ("C", "C'"):
+            row += [f"{by[k]['p50']:.2f} (+{by[k]['p50'] - a:.2f})", f"{by[k]['p99']:.2f}",
+                    f"{by[k]['cpu_ms']:.2f}"]
+        rows.append(row)
+    lines += _table(["stored", "A p50", "C p50 (added)", "C p99", "C CPU/turn",
+                     "C' p50 (added)", "C' p99", "C' CPU/turn"], rows)
+    lines += ["Windowed agent (`windowed`, windowSize 100): the same window, 100 vs 10,000 "
+              "stored messages.", ""]
+    rows = []
+    for k, w in r["window"].items():
+        rows.append([k, f"{w['p50_100']:.2f}", f"{w['p50_10000']:.2f}",
+                     f"{w['p50_10000'] / w['p50_100']:.2f}x" if w["p50_100"] else "-",
+                     f"{w['cpu_ms_100']:.2f} / {w['cpu_ms_10000']:.2f}", w["errors"]])
+    lines += _table(["store", "p50, 100 stored", "p50, 10,000 stored", "ratio",
+                     "proxy CPU/turn (100 / 10,000)", "errors"], rows)
+
+    lines += ["## Store round trips and tokenizing per turn", "",
+              "Counted in process (the app with its lifespan, requests through "
+              "httpx.ASGITransport): Store method calls, round trips (Redis: command packets "
+              "sent, a pipeline is one; SQLite: jobs on the store thread, each one "
+              "transaction), Redis commands from INFO commandstats, and the text handed to "
+              "tiktoken. Averages over the measured turns, background work included.", ""]
+    rows = []
+    for c in r["inprocess"]:
+        calls = ", ".join(f"{k} {v:g}" for k, v in c["store_calls"].items())
+        commands = ", ".join(f"{k} {v:g}" for k, v in c["redis_commands"].items()) or "-"
+        rows.append([c["store"], c["scenario"], f"{c['round_trips']:g}", calls, commands,
+                     f"{c['tokenize_calls']:g} / {c['tokenized_chars']:,.0f}"])
+    lines += _table(["store", "turn", "round trips", "store calls", "redis commands",
+                     "tokenizer calls / chars"], rows)
+
+    lines += ["## Memory and start-up", ""]
+    rows = [[k, f"{v:.0f} MB"] for k, v in r["peak_rss_mb"].items()]
+    lines += ["Peak RSS (VmHWM) of each target's process over the whole run above:", ""]
+    lines += _table(["target", "peak RSS"], rows)
+    rows = []
+    for k, b in r["big"].items():
+        rows.append([k, f"{b['sessions']:,} x {b['messages_each']}", f"{b['populate_s']:.1f} s",
+                     f"{b['ready_s']:.2f} s", f"{b['idle_rss_mb']:.0f} MB",
+                     f"{b['turns']:,} turns at {b['rps']:,.0f} req/s ({b['errors']} errors)",
+                     f"{b['peak_rss_mb']:.0f} MB"])
+    lines += ["A fresh proxy over a store holding many sessions, then turns spread over all "
+              "of them (wrk, concurrency 32):", ""]
+    lines += _table(["store", "sessions x messages", "store filled in", "ready in",
+                     "RSS idle", "load", "peak RSS"], rows)
+    rows = [[k, f"{v['ready_s']:.2f} s", f"{v['first_turn_s'] * 1000:.0f} ms",
+             f"{v['idle_rss_mb']:.0f} MB"] for k, v in r["ready"].items()]
+    if r.get("litellm_ready_s"):
+        rows.append(["D", f"{r['litellm_ready_s']:.2f} s", "-", "-"])
+    lines += ["Start-up: spawn of `memory-proxy serve` to `GET /ready` = 200 (median), then "
+              "the first turn (tokenizer and pools warm up on it):", ""]
+    lines += _table(["target", "ready", "first turn", "RSS after it"], rows)
+
+    lines += ["## Workers on Redis", "",
+              "`memory-proxy serve --workers N`, not pinned (the workers may use both cores; "
+              "wrk, the fake upstream and redis-server share CPU 0 with them).", ""]
+    rows = []
+    for count, by in r["workers"].items():
+        for c, v in by.items():
+            rows.append([count, c, f"{v['rps']:,.0f}", f"{v['p50']:.1f} / {v['p99']:.1f} ms",
+                         v["errors"], f"{v['cpu_s']:.1f} s"])
+    lines += _table(["workers", "concurrency", "req/s", "p50 / p99", "errors", "proxy CPU"], rows)
+
+    lines += ["## Profiles", ""]
+    for k, entry in r["profiles"].items():
+        lines += _profile_lines(k, entry)
+
+    lines += ["## What bounds the unmet targets", ""]
+    lines += bounds(r, unmet) or ["Every target is met in this run.", ""]
+    return "\n".join(lines)
+
+
+def bounds(r: dict[str, Any], unmet: list[str]) -> list[str]:
+    """Data-driven explanations: where the time goes, from CPU accounting and profiles."""
+    out: list[str] = []
+    lat = r["latency"]
+    c32 = r["throughput"][32]
+    for name in unmet:
+        out.append(f"- **{name}**: " + _explain(name, r, lat, c32))
+    out.append("")
+    return out
+
+
+def _explain(name: str, r: dict[str, Any], lat: dict[str, Any], c32: dict[str, Any]) -> str:
+    b_cpu, c_cpu = lat.get("B", {}).get("cpu_ms", 0), lat["C"]["cpu_ms"]
+    own = _own_share(r)
+    if "throughput" in name or "latency" in name or "time-to-first-byte" in name:
+        return (f"CPU of the proxy process. Per request it spends {c_cpu:.2f} ms of CPU at "
+                f"concurrency 1 ({c32['C']['cpu_ms']:.2f} ms at 32) against {b_cpu:.2f} ms for "
+                f"the bare pass-through B on the same server stack; at concurrency 32 its core "
+                f"is saturated (1 core / {c32['C']['cpu_ms']:.2f} ms ≈ "
+                f"{1000 / c32['C']['cpu_ms'] if c32['C']['cpu_ms'] else 0:,.0f} req/s). "
+                f"{own}")
+    if "windowed" in name:
+        w = r["window"]["C"]
+        return (f"proxy CPU per turn {w['cpu_ms_100']:.2f} ms at 100 stored vs "
+                f"{w['cpu_ms_10000']:.2f} ms at 10,000 stored.")
+    if "RSS" in name:
+        return "resident memory of the proxy process; see the memory table."
+    if "ready" in name:
+        return "imports and the model map read at start-up; see the start-up table."
+    return "see the tables above."
+
+
+def _own_share(r: dict[str, Any]) -> str:
+    entry = r["profiles"].get("C")
+    if not entry or not isinstance(entry["profile"], Profile):
+        return ""
+    top = [(f, s) for f, s in entry["profile"].inclusive
+           if any(m in f for m in OWN_CODE) and "proxy/cli.py" not in f][:5]
+    if not top:
+        return ""
+    return "Largest inclusive shares in memory-proxy's own code under load: " + "; ".join(
+        f"`{f}` {s:.0%}" for f, s in top) + "."

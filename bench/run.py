@@ -1,0 +1,419 @@
+"""The benchmark, one command: ``python bench/run.py`` (``--quick`` for a smoke run).
+
+Starts every process as a child of this one, measures the targets side by side, and
+writes bench/RESULTS.md (raw numbers in bench/out/results.json). See bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import _paths  # noqa: F401  (the repository's packages)
+import inprocess
+import phases
+import populate
+import report
+import servers
+from load import SessionPool
+from phases import Target
+from servers import LITELLM_VENV, OUT, ROOT, TOOLS_VENV
+
+CONCURRENCIES = (1, 8, 32, 64)
+HISTORIES = (1, 20, 100, 1000, 10000)
+
+
+@dataclass
+class Plan:
+    quick: bool
+    rounds: int
+    round_seconds: float
+    throughput_seconds: float
+    sse_requests: int
+    history_requests: int
+    inprocess_turns: int
+    profile_seconds: float
+    pool_sessions: int
+    big_sessions: int  # the "10,000 sessions stored" memory check
+    big_session_messages: int
+    ready_repeats: int
+
+    @classmethod
+    def make(cls, quick: bool) -> Plan:
+        if quick:
+            return cls(True, 2, 1, 1, 40, 24, 2, 3, 600, 10000, 2, 1)
+        return cls(False, 5, 2, 4, 300, 150, 5, 8, 3000, 10000, 10, 3)
+
+
+def cpu_layout() -> tuple[str | None, str | None]:
+    """(environment CPUs, server CPUs): client, fake upstream and redis on core 0, the
+    server under test alone on core 1. No pinning on a one-core machine."""
+    if (os.cpu_count() or 1) < 2:
+        return None, None
+    return "0", "1"
+
+
+def ensure_venv(venv: Path, packages: list[str], allowed: bool) -> str | None:
+    """Create ``venv`` with ``packages`` unless it exists; None on success, else why not."""
+    if (venv / "bin" / "python").exists():
+        return None
+    if not allowed:
+        return f"{venv.relative_to(ROOT)} is missing and --no-install was given"
+    print(f"installing {' '.join(packages)} into {venv.relative_to(ROOT)} ...", flush=True)
+    log = OUT / "logs" / f"install-{venv.name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as out:
+        made = subprocess.run([sys.executable, "-m", "venv", str(venv)], stdout=out, stderr=out)
+        if made.returncode == 0:
+            made = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", *packages],
+                                  stdout=out, stderr=out)
+    if made.returncode != 0:
+        tail = log.read_text(errors="replace").strip().splitlines()[-3:]
+        return f"pip install {' '.join(packages)} failed: {' / '.join(tail)}"
+    return None
+
+
+def machine() -> dict[str, str]:
+    cpu = next((line.split(":", 1)[1].strip() for line in
+                Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                                capture_output=True, text=True).stdout.strip()
+    except OSError:
+        commit = "?"
+    return {
+        "cpu": f"{os.cpu_count()} x {cpu}",
+        "memory": f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB",
+        "python": platform.python_version(),
+        "kernel": platform.release(),
+        "commit": commit,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
+
+
+def loadavg() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a short smoke run (~2 min)")
+    parser.add_argument("--no-install", action="store_true",
+                        help="do not create bench/out/venv-* (LiteLLM's proxy, py-spy)")
+    parser.add_argument("--skip-litellm", action="store_true", help="leave out target D")
+    parser.add_argument("--output", default=str(ROOT / "bench" / "RESULTS.md"))
+    args = parser.parse_args(argv)
+    plan = Plan.make(args.quick)
+    command = "python bench/run.py" + (" " + shlex.join(sys.argv[1:]) if sys.argv[1:] else "")
+    OUT.mkdir(parents=True, exist_ok=True)
+    results: dict = {"command": command, "plan": asdict(plan), "machine": machine(),
+                     "load_before": loadavg(), "notes": []}
+    started = time.perf_counter()
+
+    litellm_reason = None
+    if args.skip_litellm:
+        litellm_reason = "left out with --skip-litellm"
+    else:
+        litellm_reason = ensure_venv(LITELLM_VENV, ["litellm[proxy]"], not args.no_install)
+        litellm_reason = litellm_reason or servers.litellm_available()
+    tools_reason = ensure_venv(TOOLS_VENV, ["py-spy"], not args.no_install)
+    if tools_reason:
+        results["notes"].append(f"no profile: {tools_reason}")
+    results["litellm"] = litellm_reason
+
+    env_cpus, sut_cpus = cpu_layout()
+    results["cpus"] = {"environment": env_cpus, "server": sut_cpus}
+    with Run(plan, env_cpus, sut_cpus, litellm_reason) as run:
+        run.measure(results)
+    results["seconds"] = time.perf_counter() - started
+    results["load_after"] = loadavg()
+    (OUT / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    Path(args.output).write_text(report.render(results))
+    print(f"wrote {args.output} in {results['seconds']:.0f} s", flush=True)
+    return 0
+
+
+class Run:
+    """The long-lived processes of a run and the phases that use them."""
+
+    def __init__(self, plan: Plan, env_cpus: str | None, sut_cpus: str | None,
+                 litellm_reason: str | None) -> None:
+        self.plan = plan
+        self.env_cpus, self.sut_cpus = env_cpus, sut_cpus
+        self.litellm_reason = litellm_reason
+        self.started: list[servers.Server] = []
+        self.agents = populate.write_agents(OUT / "agents")
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for server in reversed(self.started):
+            server.stop()
+
+    def start(self, server: servers.Server) -> servers.Server:
+        self.started.append(server)
+        if server.name.startswith("redis"):
+            return servers.start_redis(server)
+        return server.start()
+
+    def launch(self, server: servers.Server) -> servers.Server:
+        """Spawn without waiting (slow starters overlap with other work)."""
+        self.started.append(server)
+        return server.launch()
+
+    def stop(self, server: servers.Server) -> None:
+        server.stop()
+        self.started.remove(server)
+
+    def step(self, what: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {what}", flush=True)
+
+    def measure(self, results: dict) -> None:
+        plan, env, sut = self.plan, self.env_cpus, self.sut_cpus
+        self.step("starting the fake upstream and redis")
+        fake = self.start(servers.fake_upstream(env))
+        upstream = fake.url + "/v1"
+        redis = self.start(servers.redis_server(env))
+        redis_url = f"redis://127.0.0.1:{redis.port}/0"
+        sqlite_url, _ = phases.store_file("bench")
+        litellm = None
+        if self.litellm_reason is None:  # slow to start: it starts while histories are stored
+            litellm = self.launch(servers.litellm_proxy(upstream, populate.MODEL, sut))
+
+        self.step("storing histories")
+        pools = self.populate_pools(sqlite_url, redis_url)
+
+        self.step("starting B, C, C', D")
+        passthrough = self.launch(servers.passthrough(upstream, sut))
+        c_sqlite = self.launch(servers.memory_proxy("memory-proxy-sqlite", upstream, sqlite_url,
+                                                    self.agents, sut))
+        c_redis = self.launch(servers.memory_proxy("memory-proxy-redis", upstream, redis_url,
+                                                   self.agents, sut))
+        for server in (passthrough, c_sqlite, c_redis):
+            server.wait_ready()
+        targets = [
+            Target("A", "client straight to the fake upstream", fake.url, fake),
+            Target("B", "bare pass-through proxy (the Python floor)", passthrough.url,
+                   passthrough),
+            Target("C", "memory-proxy, embedded SQLite store", c_sqlite.url, c_sqlite,
+                   pools["sqlite"]),
+            Target("C'", "memory-proxy, Redis store", c_redis.url, c_redis, pools["redis"]),
+        ]
+        if litellm is not None:
+            try:
+                litellm.wait_ready(timeout=120)
+                targets.append(Target("D", "LiteLLM proxy (no database, no callbacks)",
+                                      litellm.url, litellm))
+                results["litellm_ready_s"] = litellm.ready_seconds
+            except RuntimeError as exc:
+                self.litellm_reason = f"LiteLLM's proxy did not start: {exc}"
+        results["litellm"] = self.litellm_reason
+        results["targets"] = {t.key: t.label for t in targets}
+        by_key = {t.key: t for t in targets}
+
+        self.step("warm-up")
+        phases.warm_up(targets, env)
+
+        self.step("latency at concurrency 1 (wrk, interleaved rounds)")
+        latency = phases.latency_rounds(targets, plan.rounds, plan.round_seconds, env)
+        results["latency"] = {k: self.summary(m) for k, m in latency.items()}
+        results["latency_added"] = {
+            k: {"p50": phases.added_p50(latency, k), "p99": phases.added_p50(latency, k, "p99")}
+            for k in by_key if k != "A"
+        }
+
+        self.step("throughput (wrk) at concurrency " + ", ".join(map(str, CONCURRENCIES)))
+        tput = phases.throughput(targets, CONCURRENCIES, plan.throughput_seconds, env)
+        results["throughput"] = {c: {k: self.summary(m) for k, m in by.items()}
+                                 for c, by in tput.items()}
+        results["max_rps"] = {k: phases.max_rps(tput, k) for k in by_key}
+
+        self.step("streams: time to first byte")
+        sse = asyncio.run(phases.closed_rounds(targets, plan.sse_requests, plan.rounds,
+                                               stream=True))
+        results["sse"] = {k: {"ttfb_p50": m.ttfb_ms(50), "ttfb_p99": m.ttfb_ms(99),
+                              "errors": m.errors()} for k, m in sse.items()}
+        results["chunks"] = self.chunk_check(upstream, sqlite_url)
+
+        self.step("histories of " + ", ".join(map(str, HISTORIES)) + " stored messages")
+        results["histories"] = self.histories(by_key, pools)
+        results["window"] = self.windowed(by_key, pools)
+        results["pool_turns"] = {k: p.turns_per_session() for k, p in
+                                 (("sqlite", pools["sqlite"]), ("redis", pools["redis"]))}
+
+        self.step("profiles under load (py-spy)")
+        results["profiles"] = {}
+        for target in (by_key["C"], by_key["C'"]):
+            profile, result = phases.profile_under_load(
+                target, plan.profile_seconds, 32, env, target.key.replace("'", "2"), gil=True)
+            results["profiles"][target.key] = {"profile": profile, "rps": result.rps}
+        results["peak_rss_mb"] = {t.key: t.server.peak_rss_mb() for t in targets}
+        results["redis_cpu_s"] = redis.cpu_seconds()
+
+        self.step("store round trips and tokenizing per turn (in process)")
+        results["inprocess"] = self.inprocess(upstream, redis.port)
+
+        for server in [passthrough, c_sqlite, c_redis] + [t.server for t in targets
+                                                           if t.key == "D"]:
+            self.stop(server)
+
+        self.step("time to ready")
+        results["ready"] = {
+            "C": phases.time_to_ready(lambda: servers.memory_proxy(
+                "ready-sqlite", upstream, phases.store_file("ready")[0], self.agents, sut),
+                plan.ready_repeats),
+            "C'": phases.time_to_ready(lambda: servers.memory_proxy(
+                "ready-redis", upstream, redis_url.replace("/0", "/3"), self.agents, sut),
+                plan.ready_repeats),
+        }
+
+        self.step(f"memory with {plan.big_sessions:,} sessions stored")
+        results["big"] = self.many_sessions(upstream, redis.port)
+
+        self.step("--workers 1 and 2 on Redis (unpinned)")
+        results["workers"] = self.workers(upstream, redis_url)
+
+    def summary(self, measured: phases.Measured) -> dict[str, float]:
+        return {"p50": measured.p50(), "p99": measured.p99(), "rps": measured.rps(),
+                "errors": measured.errors(), "requests": measured.requests(),
+                "cpu_ms": measured.cpu_per_request_ms(),
+                "wait_ms": measured.wait_per_request_ms()}
+
+    def populate_pools(self, sqlite_url: str, redis_url: str) -> dict[str, SessionPool]:
+        """The shared pool (20 stored messages each) and one pool per history size."""
+        pools: dict[str, SessionPool] = {}
+        for store, url in (("sqlite", sqlite_url), ("redis", redis_url)):
+            wanted = [(store, SessionPool(populate.DEFAULT_AGENT, "pool", self.plan.pool_sessions),
+                       20)]
+            for size in HISTORIES:
+                pool = SessionPool(populate.DEFAULT_AGENT, f"h{size}", self.history_sessions(size))
+                wanted.append((f"{store}-h{size}", pool, size))
+            for size in (100, 10000):
+                pool = SessionPool(populate.WINDOWED_AGENT, f"w{size}",
+                                   self.history_sessions(size))
+                wanted.append((f"{store}-w{size}", pool, size))
+            for name, pool, size in wanted:
+                asyncio.run(populate.populate(url, pool.agent, pool.sessions(), size))
+                pools[name] = pool
+        return pools
+
+    def history_sessions(self, size: int) -> int:
+        # each measured turn adds 2 messages: enough sessions that growth stays small
+        budget = 8000 if self.plan.quick else 40000  # stored messages per pool
+        return max(2, min(self.plan.history_requests + 2, budget // size))
+
+    def histories(self, by_key: dict[str, Target], pools: dict[str, SessionPool]) -> dict:
+        out = {}
+        chosen = [by_key[k] for k in ("A", "C", "C'")]
+        for size in HISTORIES:
+            measured = asyncio.run(phases.closed_rounds(
+                chosen, self.plan.history_requests, self.plan.rounds,
+                pools={"C": pools[f"sqlite-h{size}"], "C'": pools[f"redis-h{size}"]},
+            ))
+            out[size] = {k: {"p50": m.latency_ms(50), "p99": m.latency_ms(99),
+                             "cpu_ms": m.cpu_per_request_ms(), "errors": m.errors()}
+                         for k, m in measured.items()}
+        return out
+
+    def windowed(self, by_key: dict[str, Target], pools: dict[str, SessionPool]) -> dict:
+        out = {}
+        for key, store in (("C", "sqlite"), ("C'", "redis")):
+            target = by_key[key]
+            small = Target(f"{key} 100", "", target.base_url, target.server, pools[f"{store}-w100"])
+            large = Target(f"{key} 10000", "", target.base_url, target.server,
+                           pools[f"{store}-w10000"])
+            measured = asyncio.run(phases.closed_rounds(
+                [by_key["A"], small, large], self.plan.history_requests, self.plan.rounds))
+            a, s, la = measured["A"], measured[small.key], measured[large.key]
+            out[key] = {
+                "A_p50": a.latency_ms(50), "p50_100": s.latency_ms(50),
+                "p50_10000": la.latency_ms(50), "cpu_ms_100": s.cpu_per_request_ms(),
+                "cpu_ms_10000": la.cpu_per_request_ms(),
+                "errors": s.errors() + la.errors(),
+            }
+        return out
+
+    def chunk_check(self, upstream_unused: str, sqlite_url: str) -> dict:
+        """A fake that streams 12 events 20 ms apart, straight and through memory-proxy."""
+        slow = self.start(servers.fake_upstream(
+            self.env_cpus, extra=("--delay-between-chunks", "0.02", "--reply-words", "10"),
+            name="fake-slow"))
+        proxy = self.start(servers.memory_proxy("memory-proxy-slow", slow.url + "/v1",
+                                                sqlite_url, self.agents, self.sut_cpus))
+        try:
+            a = Target("A", "", slow.url, slow)
+            c = Target("C", "", proxy.url, proxy)
+            path = SessionPool(populate.DEFAULT_AGENT, "chunks", 1).path(0)
+            asyncio.run(phases.chunk_timing(a, c, path))  # warm
+            timing = asyncio.run(phases.chunk_timing(a, c, path))
+        finally:
+            self.stop(proxy)
+            self.stop(slow)
+        return timing
+
+    def inprocess(self, upstream: str, redis_port: int) -> list[dict]:
+        costs = []
+        for store_url, port in ((phases.store_file("inprocess")[0], None),
+                                (f"redis://127.0.0.1:{redis_port}/1", redis_port)):
+            costs += asyncio.run(inprocess.measure(
+                store_url, upstream, self.agents, turns=self.plan.inprocess_turns,
+                tag="inproc", redis_port=port))
+        return [asdict(c) for c in costs]
+
+    def many_sessions(self, upstream: str, redis_port: int) -> dict:
+        plan, out = self.plan, {}
+        pool = SessionPool(populate.DEFAULT_AGENT, "many", plan.big_sessions)
+        for key, url in (("C", phases.store_file("many")[0]),
+                         ("C'", f"redis://127.0.0.1:{redis_port}/2")):
+            began = time.perf_counter()
+            asyncio.run(populate.populate(url, pool.agent, pool.sessions(),
+                                          plan.big_session_messages))
+            filled = time.perf_counter() - began
+            server = self.start(servers.memory_proxy(f"many-{key}", upstream, url, self.agents,
+                                                     self.sut_cpus))
+            idle = server.rss_mb()
+            target = Target(key, "", server.url, server, pool)
+            # full run: enough turns to touch about every session once
+            seconds = 2.0 if plan.quick else max(2.0, plan.big_sessions / 1500)
+            result = phases.wrk_run(target, 32, seconds, self.env_cpus)
+            out[key] = {"sessions": plan.big_sessions, "messages_each": plan.big_session_messages,
+                        "populate_s": filled, "ready_s": server.ready_seconds,
+                        "idle_rss_mb": idle, "turns": result.requests, "rps": result.rps,
+                        "errors": result.errors, "peak_rss_mb": server.peak_rss_mb(),
+                        "rss_mb": server.rss_mb()}
+            self.stop(server)
+        return out
+
+    def workers(self, upstream: str, redis_url: str) -> dict:
+        out = {}
+        for count in (1, 2):
+            server = self.start(servers.memory_proxy(
+                f"workers-{count}", upstream, redis_url, self.agents, None, workers=count))
+            target = Target(f"C' x{count}", "", server.url, server,
+                            SessionPool(populate.DEFAULT_AGENT, f"workers{count}", 2000))
+            phases.wrk_run(target, 16, 2, self.env_cpus)  # every worker up and warm
+            out[count] = {}
+            for concurrency in (32, 64):
+                result, cpu, _ = phases.charged(
+                    target, lambda t=target, c=concurrency: phases.wrk_run(
+                        t, c, self.plan.throughput_seconds, self.env_cpus))
+                out[count][concurrency] = {"rps": result.rps, "p50": result.p50,
+                                           "p99": result.p99, "errors": result.errors,
+                                           "cpu_s": cpu}
+            self.stop(server)
+        return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,294 @@
+"""Incoming messages at persist time: media parts taken out, tool results capped.
+
+Media parts (``image_url`` with a ``data:`` URL, ``file`` with ``file_data``,
+``input_audio``) are taken out of the message record and stored once, content-addressed
+(``sha256:<hex>``), in the part store. The stored content keeps a reference in place of
+each, the part as sent minus its payload plus what was measured::
+
+    {"type": "image_url", "image_url": {"detail": "high"},
+     "part": {"kind": "image", "digest": "sha256:…", "media_type": "image/png",
+              "size": 90211, "width": 1024, "height": 768, "detail": "high"}}
+
+``meta["parts"]`` lists the same metadata for the working-memory view. Remote ``http(s)``
+image URLs and ``file_id`` references stay in the content as sent: the proxy never fetches
+them (the provider does, when the part is shown). A message may also announce attachments
+in a non-standard ``attachments`` field (a list of names or of ``{"name", "media_type",
+"size"}``); they are kept in ``meta["attachments"]`` and named in the attachment notice.
+
+Tool results are cut here, before they reach the store: at the tool's ``maxResultChars``
+(agent definition) and at ``TOOL_RESULT_CAP`` characters for every tool, with a visible
+note. The message's fingerprint is taken from the result as the client sent it, so a
+full-history client that resends the uncut result still matches the stored message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import mimetypes
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.agents import ResolvedAgent
+from proxy.errors import BadRequest, StoreUnavailableError
+from proxy.services import Services
+from storage.base import StoreUnavailable
+from storage.parts import StorePartReader
+from strategies import media
+from strategies.mapper import MappingContext
+from strategies.media_info import (
+    decode_base64,
+    parse_data_url,
+    pdf_pages,
+    sniff_image,
+    sniff_media_type,
+    wav_seconds,
+)
+from strategies.records import StoredMessage
+
+TOOL_RESULT_CAP = 100_000
+MAX_ANNOUNCED = 50
+_AUDIO_TYPES = {"wav": "audio/wav", "mp3": "audio/mpeg"}
+# declared types that say nothing: the bytes or the file name say more
+_VAGUE_TYPES = (None, "application/octet-stream", "text/plain")
+
+
+@dataclass(frozen=True, slots=True)
+class PartBlob:
+    """The bytes of one media part, to store under ``digest``."""
+
+    digest: str
+    data: bytes
+    media_type: str
+
+
+def extract_parts(
+    message: Mapping[str, Any], blobs: dict[str, PartBlob]
+) -> tuple[Any, dict[str, Any]]:
+    """The content to store (media replaced by references) and the record's meta
+    (``parts``, ``attachments``); the bytes of inline media are added to ``blobs``."""
+    content = message.get("content")
+    meta: dict[str, Any] = {}
+    announced = announced_attachments(message.get("attachments"))
+    if announced:
+        meta["attachments"] = announced
+    if not isinstance(content, list) or not any(media.is_media(p) for p in content):
+        return content, meta
+    stored: list[Any] = []
+    found: list[dict[str, Any]] = []
+    for index, part in enumerate(content):
+        if not media.is_media(part):
+            stored.append(part)
+            continue
+        ref, part_meta = _extract(part, index, blobs)
+        stored.append(ref)
+        found.append(part_meta)
+    meta["parts"] = found
+    return stored, meta
+
+
+def _extract(
+    part: Mapping[str, Any], index: int, blobs: dict[str, PartBlob]
+) -> tuple[Mapping[str, Any], dict[str, Any]]:
+    kind = str(part["type"])
+    spec = part.get(kind)
+    if not isinstance(spec, Mapping):
+        # not a shape the proxy reads: it passes through for the upstream to judge
+        return part, media.part_meta(part)
+    field = media.PAYLOAD_FIELDS[kind]
+    payload = spec.get(field)
+    if not isinstance(payload, str) or not payload:
+        # a file id or another reference the provider resolves: kept as sent
+        return part, media.part_meta(part)
+    data_url = parse_data_url(payload)
+    if data_url is None and kind == "image_url":
+        # a remote image: the provider fetches it when it is shown; the proxy never does
+        return part, media.part_meta(part)
+    try:
+        data = data_url.decode() if data_url is not None else decode_base64(payload)
+    except ValueError as exc:
+        raise BadRequest(f"messages: content part {index} ({kind}): {exc}",
+                         param="messages") from None
+    declared = data_url.media_type if data_url is not None else None
+    meta = _measure(kind, spec, data, declared)
+    blobs.setdefault(meta["digest"], PartBlob(meta["digest"], data, meta["media_type"]))
+    ref = {k: v for k, v in part.items() if k != kind}
+    ref[kind] = {k: v for k, v in spec.items() if k != field}
+    ref["part"] = meta
+    return ref, dict(meta)
+
+
+def _measure(kind: str, spec: Mapping[str, Any], data: bytes, declared: str | None
+             ) -> dict[str, Any]:
+    meta: dict[str, Any] = {"kind": media.MEDIA_KINDS[kind],
+                            "digest": "sha256:" + hashlib.sha256(data).hexdigest()}
+    sniffed = sniff_media_type(data[:64])
+    name = spec.get("filename") if kind == "file" else None
+    if kind == "image_url":
+        image = sniff_image(data)
+        media_type = image.media_type if image else declared or sniffed or "image/png"
+    elif kind == "input_audio":
+        fmt = str(spec.get("format") or "")
+        media_type = _AUDIO_TYPES.get(fmt) or sniffed or declared or "audio/wav"
+    else:
+        guessed = mimetypes.guess_type(name)[0] if isinstance(name, str) else None
+        if declared in _VAGUE_TYPES:
+            declared = None
+        media_type = declared or sniffed or guessed or "application/octet-stream"
+    meta["media_type"] = media_type
+    meta["size"] = len(data)
+    if isinstance(name, str) and name:
+        meta["name"] = name
+    if kind == "image_url":
+        if image:
+            meta["width"], meta["height"] = image.width, image.height
+        if spec.get("detail"):
+            meta["detail"] = spec["detail"]
+    elif kind == "file" and media_type == "application/pdf":
+        pages = pdf_pages(data)
+        if pages:
+            meta["pages"] = pages
+    elif kind == "input_audio":
+        meta["format"] = spec.get("format") or ("mp3" if media_type == "audio/mpeg" else "wav")
+        seconds = wav_seconds(data)
+        if seconds:
+            meta["seconds"] = seconds
+    return meta
+
+
+def announced_attachments(value: Any) -> list[dict[str, Any]]:
+    """A message's announced attachments, normalized to ``{"name", "media_type", "size"}``."""
+    if not isinstance(value, list):
+        return []
+    found: list[dict[str, Any]] = []
+    for entry in value[:MAX_ANNOUNCED]:
+        if isinstance(entry, str) and entry:
+            found.append({"name": entry[:200]})
+        elif isinstance(entry, Mapping):
+            name = entry.get("name") or entry.get("filename") or entry.get("file_name")
+            if not isinstance(name, str) or not name:
+                continue
+            item: dict[str, Any] = {"name": name[:200]}
+            media_type = entry.get("media_type") or entry.get("mime_type")
+            if isinstance(media_type, str) and media_type:
+                item["media_type"] = media_type[:100]
+            if isinstance(entry.get("size"), int) and entry["size"] >= 0:
+                item["size"] = entry["size"]
+            found.append(item)
+    return found
+
+
+# --- tool result caps ----------------------------------------------------------------------------
+
+
+def tool_call_names(
+    stored: Sequence[StoredMessage], conversation: Sequence[Mapping[str, Any]]
+) -> dict[str, str]:
+    """tool_call_id -> tool name, from the assistant calls loaded and in the request."""
+    names: dict[str, str] = {}
+    calls = [c for m in stored for c in (m.tool_calls or ())]
+    calls += [c for m in conversation for c in (m.get("tool_calls") or ())]
+    for call in calls:
+        function = call.get("function") if isinstance(call, Mapping) else None
+        if isinstance(function, Mapping) and isinstance(call.get("id"), str):
+            names[call["id"]] = str(function.get("name") or "")
+    return names
+
+
+def result_limit(agent: ResolvedAgent, tool: str | None) -> int:
+    """The characters a tool's result keeps: its ``maxResultChars``, never above the cap."""
+    ref = agent.tool(tool) if tool else None
+    if ref is not None and ref.maxResultChars:
+        return min(ref.maxResultChars, TOOL_RESULT_CAP)
+    return TOOL_RESULT_CAP
+
+
+def truncation_note(tool: str | None, limit: int, total: int) -> str:
+    return (f"[truncated: the {tool or 'tool'} result was cut to {limit:,} of {total:,} "
+            f"characters; the rest was not kept]")
+
+
+def cap_tool_result(
+    message: Mapping[str, Any], limit: int, tool: str | None
+) -> Mapping[str, Any]:
+    """The tool message with its text cut to ``limit`` characters (a copy), or itself."""
+    content = message.get("content")
+    if isinstance(content, str):
+        if len(content) <= limit:
+            return message
+        note = truncation_note(tool, limit, len(content))
+        return {**message, "content": content[:limit] + "\n" + note}
+    if not isinstance(content, list):
+        return message
+    texts = [p for p in content if isinstance(p, Mapping) and p.get("type") == "text"]
+    total = sum(len(str(p.get("text") or "")) for p in texts)
+    if total <= limit:
+        return message
+    left = limit
+    cut: list[Any] = []
+    for part in content:
+        if isinstance(part, Mapping) and part.get("type") == "text":
+            if left <= 0:
+                continue
+            text = str(part.get("text") or "")[:left]
+            left -= len(text)
+            part = {**part, "text": text}
+        cut.append(part)
+    cut.append({"type": "text", "text": truncation_note(tool, limit, total)})
+    return {**message, "content": cut}
+
+
+def capped_messages(
+    conversation: Sequence[Mapping[str, Any]],
+    indexes: Sequence[int],
+    agent: ResolvedAgent,
+    stored: Sequence[StoredMessage],
+) -> list[Mapping[str, Any]]:
+    """The request's new messages (``indexes``) with tool results capped."""
+    names: dict[str, str] | None = None
+    out: list[Mapping[str, Any]] = []
+    for index in indexes:
+        message = conversation[index]
+        if message.get("role") == "tool":
+            if names is None:
+                names = tool_call_names(stored, conversation)
+            tool = names.get(str(message.get("tool_call_id")))
+            message = cap_tool_result(message, result_limit(agent, tool), tool)
+        out.append(message)
+    return out
+
+
+# --- before mapping ------------------------------------------------------------------------------
+
+
+async def load_media(
+    services: Services,
+    current_turn: Sequence[StoredMessage],
+    mapping: MappingContext,
+    blobs: Mapping[str, PartBlob] | None = None,
+) -> None:
+    """Store this turn's new parts and read the bytes of the stored parts that travel as
+    blocks into ``mapping.parts``: at most one round trip each, run together; none
+    without media."""
+    wanted = media.block_digests(current_turn, mapping)
+    blobs = blobs or {}
+    loaded = {d: (blobs[d].data, blobs[d].media_type) for d in wanted if d in blobs}
+    missing = [d for d in wanted if d not in loaded]
+    jobs: list[Any] = []
+    if blobs:
+        rows = [(b.digest, b.data, b.media_type) for b in blobs.values()]
+        jobs.append(services.store.put_parts(rows))
+    if missing:
+        reader = services.part_reader or StorePartReader(services.store)
+        jobs.append(reader.read_parts(missing))
+    if not jobs:
+        mapping.parts = loaded
+        return
+    try:
+        results = await asyncio.gather(*jobs)
+    except StoreUnavailable as exc:
+        raise StoreUnavailableError(f"memory store unavailable: {exc}") from exc
+    if missing:
+        loaded.update({d: v for d, v in results[-1].items() if d in missing})
+    mapping.parts = loaded

@@ -1,0 +1,478 @@
+"""summarizing_window end to end: a delta client (the openai SDK) -> the proxy -> the
+recording fake upstream, with a 4,000-token context window so the rules trigger early.
+
+At 4,000 tokens the default config means: compression above 2,000 live tokens for read
+results of more than 500 tokens (max(500, 4000 x 0.02)), a window budget of 3,200 and a
+single-message cap of 800.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+import tiktoken
+from e2e import ADMIN_TOKEN, CLIENT_KEY, write_agent
+from summarizing_support import (
+    MODEL,
+    DeltaSession,
+    agent_requests,
+    modified,
+    prompt_tokens,
+    read_results,
+    scripted,
+    sized,
+    summarizer_requests,
+    tool_contents,
+)
+
+from proxy.fake_upstream import Reply
+from proxy.summarizer import run_plan
+from strategies.base import SummarizePlan
+from strategies.compression import STUB_HINT
+from strategies.summary_prompt import SUMMARY_SYSTEM_PROMPT
+from strategies.validity import check_openai_messages
+
+WINDOW = 4000
+THRESHOLD = 500
+CAP = 800
+BUDGET = 3200
+SYSTEM = "You are a research helper."
+TRUNCATED = "[… truncated by memory-proxy:"
+# tokens of each tool result per turn (700 when not listed): turn 4 asks four tools at
+# once, turn 5's result is small, turn 6's is larger than the single-message cap
+RESULT_SIZES = {4: [600, 600, 600, 600], 5: [50], 6: [2000]}
+TURNS = 14
+
+
+def memory_view(proxy, agent: str, session: str) -> dict:
+    response = httpx.get(f"{proxy.base}/memory/{agent}/{session}",
+                         headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    assert response.status_code == 200
+    return response.json()
+
+
+def results_for(turn: int) -> list[str]:
+    return [sized(f"RESULT {turn}.{j}", n)
+            for j, n in enumerate(RESULT_SIZES.get(turn, [700]))]
+
+
+def test_a_long_tool_heavy_session_is_compressed_truncated_and_trimmed_by_the_rules(
+    make_proxy, fake, agents_dir
+):
+    write_agent(agents_dir, "researcher", llm={"model": MODEL, "contextWindow": WINDOW})
+    scripted(fake)
+    proxy = make_proxy()
+    session = DeltaSession(proxy.client("researcher", "long"), fake, system=SYSTEM)
+    order: list[str] = []  # tool call ids in the order their results reached the proxy
+    tokens: dict[str, int] = {}
+    users: list[str] = []
+    history = 0  # non-system messages of the client's conversation so far
+    stubs_seen: dict[str, str] = {}
+    trimmed_from: int | None = None
+    for turn in range(1, TURNS + 1):
+        results = results_for(turn)
+        ask, answer = session.tool_turn(turn, results)
+        new = [f"c{turn}_{j}" for j in range(len(results))]
+        tokens.update({cid: RESULT_SIZES.get(turn, [700] * len(results))[j]
+                       for j, cid in enumerate(new)})
+        users.append(f"T{turn}x{len(results)}: look it up")
+        checks = [(ask, list(order), history + 1, False),
+                  (answer, [*order, *new], history + 2 + len(results), True)]
+        order += new
+        history += 3 + len(results)
+        for sent, known, length, after_tools in checks:
+            body = sent.messages
+            assert check_openai_messages(body) == []
+            assert body[0] == {"role": "system", "content": SYSTEM}
+            conversation = body[1:]
+            # the budget holds, with the upstream's own count
+            assert prompt_tokens(body) <= BUDGET
+            assert int(sent.headers["x-memory-window-tokens"]) <= BUDGET
+            # trimming drops whole turns from the front: what is sent is a suffix
+            sent_users = [m["content"] for m in conversation if m["role"] == "user"]
+            assert sent_users == users[len(users) - len(sent_users):]
+            contents = tool_contents(conversation)
+            assert list(contents) == known[len(known) - len(contents):]
+            if trimmed_from is None and len(sent_users) < len(users):
+                trimmed_from = turn
+            pressure = turn > 4 or (turn == 4 and after_tools)
+            read, newest = read_results(conversation), set(known[-3:])
+            changed = len(conversation) != length
+            for cid, text in contents.items():
+                original = session.results[cid]
+                if pressure and cid in read and cid not in newest and tokens[cid] > THRESHOLD:
+                    assert STUB_HINT in text and text.startswith(original[:40]), (turn, cid)
+                    assert len(text) < 500
+                    # decided once, persisted: the same stub every later turn
+                    assert stubs_seen.setdefault(cid, text) == text
+                elif tokens[cid] > CAP:
+                    assert TRUNCATED in text and text.startswith(original[:200]), (turn, cid)
+                else:
+                    assert text == original, (turn, cid)
+                changed = changed or text != original
+            assert modified(sent.headers) is changed, (turn, after_tools)
+
+    # what the session went through, in order
+    assert set(stubs_seen) == {cid for cid in order if tokens[cid] > THRESHOLD} - set(order[-3:])
+    assert "c6_0" in stubs_seen  # truncated while newest, compressed once read and older
+    assert trimmed_from is not None and 8 <= trimmed_from < TURNS
+    assert not modified(session.sent[0].headers)
+    assert modified(session.sent[-1].headers)
+
+    # lossless: every stored result is the original; the stub sits next to it
+    stored = {m.tool_call_id: m for m in proxy.stored("researcher", "long") if m.role == "tool"}
+    assert {cid: m.content for cid, m in stored.items()} == session.results
+    assert {cid: m.compressed_content for cid, m in stored.items()
+            if m.compressed_content is not None} == stubs_seen
+    assert len(proxy.stored("researcher", "long")) == history
+
+    # /memory shows the same window
+    view = memory_view(proxy, "researcher", "long")
+    totals = view["totals"]
+    assert totals["trimmed"] > 0 and totals["context_modified"] is True
+    assert totals["messages_stored"] == history
+    assert totals["messages_sent"] + totals["trimmed"] == totals["messages_stored"]
+    compressed = [m for m in view["messages"] if m.get("marker") == "compressed"]
+    assert compressed and totals["compressed"] == len(compressed)
+    for entry in compressed:
+        message = stored[entry["tool_call_id"]]
+        assert entry["text"] == message.compressed_content
+        assert entry["stored_tokens"] == message.tokens > entry["tokens"]
+    assert totals["live_ratio"] == round(totals["window_tokens"] * view["calibration"] / WINDOW, 4)
+    assert 0.5 < totals["live_ratio"] <= 0.8
+
+
+def test_no_pressure_no_compression(make_proxy, fake, agents_dir):
+    # 16,000 tokens: five turns of 700-token results stay under half of the window
+    write_agent(agents_dir, "roomy", llm={"model": MODEL, "contextWindow": 16_000})
+    scripted(fake)
+    session = DeltaSession(make_proxy().client("roomy", "s"), fake)
+    for turn in range(1, 6):
+        session.tool_turn(turn, [sized(f"RESULT {turn}", 700)])
+    last = session.sent[-1]
+    assert tool_contents(last.messages) == session.results
+    assert not modified(last.headers)
+
+
+def test_compress_tool_results_false_sends_every_result_whole(make_proxy, fake, agents_dir):
+    write_agent(agents_dir, "verbatim", llm={"model": MODEL, "contextWindow": WINDOW},
+                memoryConfig={"kind": "summarizing_window", "compressToolResults": False})
+    scripted(fake)
+    proxy = make_proxy()
+    session = DeltaSession(proxy.client("verbatim", "s"), fake)
+    for turn in range(1, 7):
+        session.tool_turn(turn, [sized(f"RESULT {turn}", 700)])
+    for sent in session.sent:
+        assert all(STUB_HINT not in text for text in tool_contents(sent.messages).values())
+        assert check_openai_messages(sent.messages) == []
+        assert prompt_tokens(sent.messages) <= BUDGET
+    # the budget is kept by trimming alone
+    assert modified(session.sent[-1].headers)
+    assert len(tool_contents(session.sent[-1].messages)) < 6
+    assert all(m.compressed_content is None for m in proxy.stored("verbatim", "s"))
+
+
+def test_max_history_fetch_is_the_page_size(make_proxy, fake, agents_dir):
+    write_agent(agents_dir, "paged", llm={"model": MODEL},
+                memoryConfig={"kind": "summarizing_window", "maxHistoryFetch": 5})
+    scripted(fake)
+    proxy = make_proxy()
+    session = DeltaSession(proxy.client("paged", "s"), fake)
+    for n in range(6):
+        session.say(f"question {n}")
+    # five stored messages loaded (q3 a3 q4 a4 ... from the tail), the window opens with
+    # a user message, and the new one is added
+    sent = session.sent[-1]
+    assert [m["content"] for m in sent.messages if m["role"] == "user"] == [
+        "question 3", "question 4", "question 5"]
+    assert modified(sent.headers)
+    view = memory_view(proxy, "paged", "s")
+    assert view["totals"]["messages_loaded"] == 5
+    assert view["totals"]["messages_stored"] == 12
+
+
+# --- autoSummarize -------------------------------------------------------------------------
+
+
+def summarizing_agent(agents_dir, name: str, **config) -> None:
+    llm = {"model": MODEL, "contextWindow": WINDOW}
+    if "summarizerModel" in config:
+        llm["summarizerModel"] = config.pop("summarizerModel")
+    write_agent(agents_dir, name, llm=llm,
+                memoryConfig={"kind": "summarizing_window", "autoSummarize": True, **config})
+
+
+def chat_until_summarized(proxy, session: DeltaSession, start: int, *, summaries: int) -> int:
+    """Talk in 300-token turns until ``summaries`` summarizer calls were made; the turn
+    number reached."""
+    turn = start
+    while len(summarizer_requests(session.fake)) < summaries:
+        turn += 1
+        assert turn < start + 40, "no summary was asked for"
+        session.say(sized(f"U{turn} please remember item {turn}", 300))
+        proxy.drain()
+    return turn
+
+
+def transcript_seqs(request) -> list[int]:
+    text = request.body["messages"][1]["content"]
+    transcript = text.split("## Transcript", 1)[1]
+    return [int(line[1:].split("]", 1)[0]) for line in transcript.splitlines()
+            if line.startswith("[") and "]" in line and line[1:].split("]", 1)[0].isdigit()]
+
+
+@pytest.mark.parametrize("placement", ["SYSTEM_PROMPT", "USER_MESSAGE"])
+def test_auto_summarize_summarizes_old_ranges_once_and_builds_on_the_previous_summary(
+    make_proxy, fake, agents_dir, placement
+):
+    summarizing_agent(agents_dir, "memo", summaryPlacement=placement)
+    model = scripted(fake)
+    proxy = make_proxy()
+    session = DeltaSession(proxy.client("memo", "s"), fake, system=SYSTEM)
+    turn = chat_until_summarized(proxy, session, 0, summaries=1)
+    # no summary was due before: the live window first passed 0.75 x 4,000 on this turn
+    before, now = (int(s.headers["x-memory-window-tokens"]) for s in session.sent[-2:])
+    assert before + 20 <= 3000 < now + 20
+
+    [call] = summarizer_requests(fake)
+    assert call.body["model"] == MODEL
+    assert call.body["max_tokens"] == 600  # a summary may take 15% of a small window
+    assert call.body["messages"][0]["content"].startswith(SUMMARY_SYSTEM_PROMPT)
+    assert "Previous summary" not in call.body["messages"][1]["content"]
+    [first] = proxy.snapshot("memo", "s").summaries
+    assert (first.kind, first.from_seq) == ("summary", 1)
+    assert first.text == model.summary_texts[0]
+    assert transcript_seqs(call) == list(range(1, first.to_seq + 1))
+    assert first.to_seq % 2 == 0  # a whole turn: the cut lands before a user message
+
+    # the next turn carries the summary in place of what it covers
+    sent = session.say("what do you remember?")
+    body = sent.messages
+    assert check_openai_messages(body) == []
+    assert modified(sent.headers)
+    if placement == "SYSTEM_PROMPT":
+        system = body[0]["content"]
+        assert system.startswith(SYSTEM)
+        assert "## Earlier conversation" in system and first.text in system
+        assert body[1]["role"] == "user" and first.text not in body[1]["content"]
+    else:
+        assert body[0] == {"role": "system", "content": SYSTEM}
+        assert body[1]["role"] == "user"
+        assert body[1]["content"].startswith("This session is being continued")
+        assert first.text in body[1]["content"]
+    covered = {f"U{n} please" for n in range(1, first.to_seq // 2 + 1)}
+    assert not any(str(m["content"]).startswith(tuple(covered)) for m in body[1:])
+
+    # the conversation grows again: a second summary builds on the first
+    chat_until_summarized(proxy, session, turn + 1, summaries=2)
+    second_call = summarizer_requests(fake)[1]
+    prompt = second_call.body["messages"][1]["content"]
+    assert f"## Previous summary (messages 1-{first.to_seq})" in prompt
+    assert first.text in prompt
+    first_record, second = proxy.snapshot("memo", "s").summaries
+    assert first_record == first
+    assert second.from_seq == 1 and second.to_seq > first.to_seq
+    # no range is summarized twice: the new transcript starts right after the first
+    assert transcript_seqs(second_call) == list(range(first.to_seq + 1, second.to_seq + 1))
+
+    sent = session.say("and now?")
+    text = str(sent.messages[0]["content"]) + str(sent.messages[1]["content"])
+    assert second.text in text and first.text not in text
+
+
+def test_the_summarizer_model_is_the_one_the_definition_names(make_proxy, fake, agents_dir):
+    summarizing_agent(agents_dir, "cheap", summarizerModel="gpt-4o-mini")
+    scripted(fake)
+    proxy = make_proxy()
+    session = DeltaSession(proxy.client("cheap", "s"), fake)
+    chat_until_summarized(proxy, session, 0, summaries=1)
+    [call] = summarizer_requests(fake)
+    assert call.body["model"] == "gpt-4o-mini"
+    assert all(r.body["model"] == MODEL for r in agent_requests(fake))
+    assert proxy.snapshot("cheap", "s").summaries[0].model == "gpt-4o-mini"
+
+
+def test_auto_summarize_stays_off_unless_configured(make_proxy, fake, agents_dir):
+    write_agent(agents_dir, "plain", llm={"model": MODEL, "contextWindow": WINDOW})
+    scripted(fake)
+    proxy = make_proxy()
+    session = DeltaSession(proxy.client("plain", "s"), fake)
+    for turn in range(1, 12):
+        session.say(sized(f"U{turn} item", 300))
+    proxy.drain()
+    assert summarizer_requests(fake) == []
+    assert proxy.snapshot("plain", "s").summaries == []
+    assert modified(session.sent[-1].headers)  # trimmed instead
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+def test_a_slow_summarization_delays_no_turn_and_loses_no_message(
+    make_proxy, fake, agents_dir, stream
+):
+    summarizing_agent(agents_dir, "slow")
+    model = scripted(fake)
+    model.summaries.append(Reply.slow_first_token(1.5, text="SLOW SUMMARY of the early turns"))
+    proxy = make_proxy()
+    session = DeltaSession(proxy.client("slow", "s"), fake, stream=stream)
+    turn = 0
+    while not summarizer_requests(fake):
+        turn += 1
+        assert turn < 20
+        started = time.monotonic()
+        session.say(sized(f"U{turn} item", 300))
+        # the response is delivered before the summary exists
+        assert time.monotonic() - started < 1.0
+        time.sleep(0.05)  # let a summary planned after this turn reach the fake
+    assert proxy.snapshot("slow", "s").summaries == []
+    # turns keep arriving while the summarizer is still writing
+    for extra in range(3):
+        started = time.monotonic()
+        sent = session.say(f"meanwhile {extra}")
+        assert time.monotonic() - started < 1.0
+        assert sent.text == f"noted (meanwhile {extra})"
+        assert check_openai_messages(sent.messages) == []
+    assert proxy.snapshot("slow", "s").summaries == []
+    proxy.drain()
+
+    [record] = proxy.snapshot("slow", "s").summaries
+    assert record.text == "SLOW SUMMARY of the early turns"
+    stored = proxy.stored("slow", "s")
+    # every message is stored, the ones sent during the summarization included
+    assert [m.content for m in stored if m.role == "user"][-3:] == [
+        "meanwhile 0", "meanwhile 1", "meanwhile 2"]
+    assert len(stored) == 2 * (turn + 3)
+    assert record.to_seq < stored[-6].seq  # the summary covers only what it was given
+    sent = session.say("after the summary")
+    assert "SLOW SUMMARY" in sent.messages[0]["content"]
+    assert [m["content"] for m in sent.messages if m["role"] == "user"][-4:] == [
+        "meanwhile 0", "meanwhile 1", "meanwhile 2", "after the summary"]
+
+
+def test_a_failing_summarizer_never_fails_the_request(make_proxy, fake, agents_dir):
+    summarizing_agent(agents_dir, "flaky")
+    model = scripted(fake)
+    model.summaries.append(Reply.error(500))
+    proxy = make_proxy()
+    session = DeltaSession(proxy.client("flaky", "s"), fake)
+    turn = chat_until_summarized(proxy, session, 0, summaries=1)
+    assert proxy.snapshot("flaky", "s").summaries == []
+    # the next turn is answered (trimming keeps its window valid) and the summary is
+    # asked for again
+    sent = session.say(sized(f"U{turn + 1} item", 300))
+    assert sent.text.startswith(f"noted (U{turn + 1} item")
+    assert check_openai_messages(sent.messages) == []
+    proxy.drain()
+    assert len(summarizer_requests(fake)) == 2
+    [record] = proxy.snapshot("flaky", "s").summaries
+    assert record.text == model.summary_texts[0]
+    assert len(proxy.stored("flaky", "s")) == 2 * (turn + 1)
+
+
+def test_a_short_page_never_lets_a_summary_cover_messages_it_did_not_read(
+    make_proxy, fake, agents_dir
+):
+    # six messages a page: small turns first, so the page has moved past message 1 when
+    # the first summary is due; it must still be written from message 1 on
+    summarizing_agent(agents_dir, "short", maxHistoryFetch=6, autoSummarizeRatio=0.3)
+    scripted(fake)
+    proxy = make_proxy()
+    session = DeltaSession(proxy.client("short", "s"), fake)
+    for turn in range(5):
+        session.say(f"small {turn}")
+    chat_until_summarized(proxy, session, 10, summaries=1)
+    [first] = proxy.snapshot("short", "s").summaries
+    assert first.from_seq == 1
+    assert transcript_seqs(summarizer_requests(fake)[0]) == list(range(1, first.to_seq + 1))
+    # the page moves on past the first summary's end: the second one reads the gap
+    for turn in range(40, 46):
+        session.say(f"filler {turn}")
+    proxy.drain()
+    chat_until_summarized(proxy, session, 50, summaries=2)
+    second = proxy.snapshot("short", "s").summaries[-1]
+    assert transcript_seqs(summarizer_requests(fake)[1]) == list(
+        range(first.to_seq + 1, second.to_seq + 1))
+
+
+# --- token counts are cached per stored message ---------------------------------------------
+
+
+def test_stored_messages_are_never_tokenized_again_on_later_turns(
+    make_proxy, fake, agents_dir, monkeypatch
+):
+    """Counts are made once, at persist time; what a strategy renders every turn (stubs,
+    truncations, the summary) is remembered. The tokenizer's work per turn follows what
+    the turn brings, not the length of the history."""
+    write_agent(agents_dir, "counted", llm={"model": MODEL, "contextWindow": WINDOW})
+    scripted(fake)
+    proxy = make_proxy()
+    session = DeltaSession(proxy.client("counted", "s"), fake, system=SYSTEM)
+    turns = 24
+    results = {k: sized(f"RESULT {k}", 2000 if k % 5 == 0 else 700) for k in range(1, turns + 1)}
+    seen: list[str] = []
+    encode = tiktoken.Encoding.encode_ordinary
+
+    def counting(self, text):
+        # the proxy serves on its own thread; the fake's usage counts run on another
+        if threading.current_thread() is proxy.server.thread:
+            seen.append(text)
+        return encode(self, text)
+
+    monkeypatch.setattr(tiktoken.Encoding, "encode_ordinary", counting)
+    calls, chars = {}, {}
+    stubs: set[str] = set()  # the stubs sent on earlier turns
+    for turn in range(1, turns + 1):
+        start = len(seen)
+        session.tool_turn(turn, [results[turn]])
+        tokenized = seen[start:]
+        calls[turn], chars[turn] = len(tokenized), sum(map(len, tokenized))
+        older = [results[k] for k in range(1, turn)]
+        assert not [t for t in tokenized if len(t) > 40 and any(r.startswith(t) for r in older)]
+        assert not stubs & set(tokenized)
+        stubs |= {t for sent in session.sent for t in tool_contents(sent.messages).values()
+                  if STUB_HINT in t}
+    last = session.sent[-1]
+    # the session went through compression, truncation and trimming meanwhile
+    assert modified(last.headers)
+    assert any(STUB_HINT in t for t in tool_contents(last.messages).values())
+    assert len([m for m in last.messages if m["role"] == "user"]) < turns
+    same_shape = [t for t in range(6, turns + 1) if t % 5]
+    assert max(calls[t] for t in same_shape[-5:]) <= min(calls[t] for t in same_shape[:5])
+    # what is tokenized is the turn's new result, its user message, reply and one stub
+    assert all(chars[t] <= len(results[t]) + 1000 for t in same_shape), chars
+
+
+def test_a_plan_overtaken_by_a_newer_summary_builds_on_it(make_proxy, fake, agents_dir):
+    """A plan made before another run stored its summary (a turn's after-turn work racing
+    the previous one) is rebased under the lock: nothing is summarized twice."""
+    summarizing_agent(agents_dir, "raced")
+    scripted(fake)
+    proxy = make_proxy()
+    session = DeltaSession(proxy.client("raced", "s"), fake)
+    turn = chat_until_summarized(proxy, session, 0, summaries=1)
+    for n in range(turn + 1, turn + 4):
+        session.say(f"short {n}")
+    proxy.drain()
+    [first] = proxy.snapshot("raced", "s").summaries
+    stored = proxy.stored("raced", "s")
+    key = proxy.key("raced", "s")
+    agent = proxy.services.agents.resolve("raced")
+
+    def run(to_seq: int):
+        plan = SummarizePlan(kind="summary", from_seq=1, to_seq=to_seq,
+                             messages=[m for m in stored if m.seq <= to_seq], reason="test")
+        return proxy.call(run_plan(proxy.services, key, agent, MODEL, plan,
+                                   headers={"authorization": f"Bearer {CLIENT_KEY}"},
+                                   context_window=WINDOW, expect_boundary=None))
+
+    # everything the stale plan covers is summarized already: no call, no record
+    assert run(first.to_seq) is None
+    assert len(summarizer_requests(fake)) == 1
+    # it reaches further: only the rest is summarized, on top of the stored summary
+    record = run(stored[-3].seq)
+    assert (record.from_seq, record.to_seq) == (1, stored[-3].seq)
+    call = summarizer_requests(fake)[-1]
+    assert f"## Previous summary (messages 1-{first.to_seq})" in call.body["messages"][1]["content"]
+    assert transcript_seqs(call) == list(range(first.to_seq + 1, stored[-3].seq + 1))

@@ -1,0 +1,275 @@
+"""What the proxy does with what it is given: it fetches no URL a client supplies, stored
+text stays inert in the admin pages, summaries are labelled as derived and cleaned of
+invisible characters, deleting a session leaves no key behind, and summarizer calls per
+session are bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sqlite3
+import threading
+import unicodedata
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from e2e import ADMIN_TOKEN, CLIENT_KEY, RunningProxy, write_agent
+from redis.asyncio import Redis
+
+from proxy.fake_upstream import FakeUpstream, Reply, echo_reply
+from strategies.summary_prompt import SUMMARY_SYSTEM_PROMPT
+
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+INVISIBLE = "\u202e\u200b\u2066\x1b\x07\U000e0041\ufeff"
+
+
+def is_summarizer_call(body: dict[str, Any]) -> bool:
+    return str(body["messages"][0].get("content", "")).startswith(SUMMARY_SYSTEM_PROMPT[:80])
+
+
+class Summaries:
+    """The fake's default reply: summarizer calls get ``text`` (or fail when it is None)."""
+
+    def __init__(self) -> None:
+        self.text: str | None = "summary"
+        self.calls = 0
+
+    def __call__(self, body: dict[str, Any]) -> Reply:
+        if not is_summarizer_call(body):
+            return echo_reply(body)
+        self.calls += 1
+        return Reply.text(self.text) if self.text is not None else Reply.error(500)
+
+
+@pytest.fixture
+def summaries() -> Summaries:
+    return Summaries()
+
+
+@pytest.fixture
+def fake(summaries: Summaries) -> Iterator[FakeUpstream]:
+    with FakeUpstream.running(default_reply=summaries) as server:
+        yield server
+
+
+def send(proxy: RunningProxy, agent: str, session: str, messages: list[dict[str, Any]], *,
+         key: str = CLIENT_KEY, stream: bool = False) -> httpx.Response:
+    return httpx.post(f"{proxy.url(agent, session)}/chat/completions",
+                      json={"model": "gpt-4o", "stream": stream, "messages": messages},
+                      headers={"Authorization": f"Bearer {key}"}, timeout=20)
+
+
+def say(text: str) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": text}]
+
+
+class Listener:
+    """A loopback socket that counts who connects to it."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.sock.settimeout(0.1)
+        self.port = self.sock.getsockname()[1]
+        self.accepted = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                connection, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            self.accepted += 1
+            connection.close()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        self.sock.close()
+
+
+def test_no_client_supplied_url_is_ever_fetched(
+    make_proxy: Callable[..., RunningProxy], fake: FakeUpstream, agents_dir: Path
+) -> None:
+    listener = Listener()
+    url = f"http://127.0.0.1:{listener.port}"
+    write_agent(agents_dir, "eyes", llm={"model": "gpt-4o", "contextWindow": 4000,
+                                         "capabilities": ["image", "document"]},
+                memoryConfig={"kind": "auto_compact", "compactAtRatio": 0.2})
+    proxy = make_proxy()
+    try:
+        parts = [
+            {"type": "text", "text": "look at these " + "words " * 300},
+            {"type": "image_url", "image_url": {"url": f"{url}/cat.png", "detail": "high"}},
+            {"type": "image_url", "image_url": {"url": f"https://127.0.0.1:{listener.port}/"}},
+            {"type": "file", "file": {"file_url": f"{url}/doc.pdf", "filename": "doc.pdf"}},
+        ]
+        for stream in (False, True):
+            assert send(proxy, "eyes", "ssrf", [{"role": "user", "content": parts}],
+                        stream=stream).status_code == 200
+        assert send(proxy, "eyes", "ssrf", say(f"and fetch {url}/secret please")).status_code == 200
+        proxy.drain()  # background compaction rendered the image parts into its transcript
+        assert httpx.get(f"{proxy.base}/memory/eyes/ssrf", headers=ADMIN).status_code == 200
+        httpx.get(f"{proxy.base}/admin/agents/eyes/sessions/ssrf", headers=ADMIN)
+        httpx.post(f"{proxy.base}/admin/api/agents/eyes/sessions/ssrf/compact", headers=ADMIN)
+        # the model got the URL as the client sent it: fetching it is the provider's business
+        assert f"{url}/cat.png" in str(fake.chat_requests[0].body)
+    finally:
+        listener.close()
+    assert listener.accepted == 0
+
+
+XSS = ["<script>alert(1)</script>", "<img src=x onerror=alert(2)>",
+       "\"><svg onload=alert(3)>", "javascript:alert(4)"]
+
+
+def test_stored_text_renders_inert_in_the_admin_pages(
+    proxy: RunningProxy, fake: FakeUpstream, summaries: Summaries
+) -> None:
+    fake.queue(Reply.tool_calls([{"id": "call_x", "name": "<b>lookup</b>",
+                                  "arguments": {"q": XSS[1]}}], content=XSS[2]))
+    send(proxy, "inert", "s", say(" ".join(XSS)))
+    send(proxy, "inert", "s", [{"role": "tool", "tool_call_id": "call_x", "content": XSS[0]}])
+    pages = ["/admin/agents/inert/sessions/s", "/admin/agents/inert", "/admin/"]
+    for path in pages:
+        page = httpx.get(f"{proxy.base}{path}", headers=ADMIN)
+        assert page.status_code == 200, (path, page.status_code)
+        assert page.headers["content-type"].startswith("text/html")
+        assert "script-src 'self'" in page.headers["content-security-policy"]
+        for payload in ("<script>alert(1)", "<img src=x", "<svg onload", "<b>lookup"):
+            assert payload not in page.text, (path, payload)
+    session_page = httpx.get(f"{proxy.base}{pages[0]}", headers=ADMIN).text
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in session_page
+    view = httpx.get(f"{proxy.base}/memory/inert/s", headers=ADMIN)
+    assert view.headers["content-type"] == "application/json"
+
+
+def test_summaries_are_labelled_as_derived_and_cleaned_of_invisible_characters(
+    make_proxy: Callable[..., RunningProxy], fake: FakeUpstream, agents_dir: Path,
+    summaries: Summaries,
+) -> None:
+    summaries.text = f"Goal: ship{INVISIBLE} the release.\r\nNext: tag\u2028v1."
+    write_agent(agents_dir, "labelled", llm={"model": "gpt-4o", "contextWindow": 1500},
+                memoryConfig={"kind": "auto_compact", "compactAtRatio": 0.3})
+    proxy = make_proxy()
+    send(proxy, "labelled", "s", say("plan the release " + "detail " * 500))
+    proxy.drain()
+    stored = proxy.snapshot("labelled", "s").summaries
+    assert stored and stored[-1].text == "Goal: ship the release.\nNext: tag\nv1."
+    assert not [c for c in stored[-1].text
+                if unicodedata.category(c) in ("Cc", "Cf") and c not in "\n\t"]
+    send(proxy, "labelled", "s", say("what next?"))
+    sent = str(fake.chat_requests[-1].body["messages"])
+    assert "derived summary of messages" in sent and "Goal: ship the release." in sent
+    assert not any(c in sent for c in INVISIBLE)
+
+
+def session_rows(url: str, session: str) -> list[Any]:
+    connection = sqlite3.connect(url.removeprefix("sqlite:///"))
+    try:
+        tables = [row[0] for row in connection.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table'")]
+        found = []
+        for table in tables:
+            columns = [row[1] for row in connection.execute(f"PRAGMA table_info({table})")]
+            if "session" in columns:
+                found += connection.execute(
+                    f"SELECT * FROM {table} WHERE session = ?", (session,)).fetchall()
+        return found
+    finally:
+        connection.close()
+
+
+def redis_leftovers(url: str, session: str) -> list[Any]:
+    async def scan() -> list[Any]:
+        client = Redis.from_url(url)
+        found: list[Any] = []
+        async for key in client.scan_iter(count=1000):
+            if session.encode() in key:
+                found.append(key)
+            elif await client.type(key) == b"zset":
+                found += [(key, m) for m in await client.zrange(key, 0, -1)
+                          if session.encode() in m]
+        await client.aclose()
+        return found
+
+    return asyncio.run(scan())
+
+
+def leftovers(store_url: str, session: str) -> list[Any]:
+    if store_url.startswith("sqlite"):
+        return session_rows(store_url, session)
+    return redis_leftovers(store_url, session)
+
+
+def test_deleting_a_session_leaves_no_key_behind(
+    make_proxy: Callable[..., RunningProxy], fake: FakeUpstream, agents_dir: Path,
+    store_url: str,
+) -> None:
+    write_agent(agents_dir, "del", llm={"model": "gpt-4o", "contextWindow": 2000},
+                memoryConfig={"kind": "auto_compact", "compactAtRatio": 0.3})
+    proxy = make_proxy()
+    for session in ("doomed-1", "kept-2"):
+        proxy.drain()  # a background summary must not take the reply queued for a turn
+        fake.queue(Reply.tool_calls([{"id": f"call_{session}", "name": "lookup",
+                                      "arguments": {}}]))
+        send(proxy, "del", session, say("start " + "words " * 400))
+        send(proxy, "del", session, [{"role": "tool", "tool_call_id": f"call_{session}",
+                                      "content": "result"}])
+        send(proxy, "del", session, say("start " + "words " * 400))
+    proxy.drain()
+    key = proxy.key("del", "doomed-1")
+    assert proxy.call(proxy.services.store.acquire_lock(key, "other", 60))
+    assert proxy.snapshot("del", "doomed-1").summaries  # a summary record to delete too
+    assert leftovers(store_url, "doomed-1")
+
+    response = httpx.delete(f"{proxy.base}/admin/api/agents/del/sessions/doomed-1",
+                            headers=ADMIN)
+    assert response.status_code == 200 and response.json()["deleted"] is True
+    assert leftovers(store_url, "doomed-1") == []
+    assert key not in proxy.services.credentials
+    listing = httpx.get(f"{proxy.base}/memory/del", headers=ADMIN).json()
+    assert [s["session"] for s in listing["sessions"]] == ["kept-2"]
+    assert len(proxy.stored("del", "kept-2")) >= 4  # the neighbour is untouched
+    again = httpx.delete(f"{proxy.base}/admin/api/agents/del/sessions/doomed-1", headers=ADMIN)
+    assert again.status_code == 404 and again.json()["error"]["code"] == "session_not_found"
+    assert httpx.delete(f"{proxy.base}/admin/api/agents/del/sessions/kept-2").status_code == 401
+
+
+def test_a_session_id_shared_by_two_keys_is_deleted_only_by_namespace(
+    proxy: RunningProxy, fake: FakeUpstream
+) -> None:
+    send(proxy, "del", "twin", say("mine"), key="sk-one")
+    send(proxy, "del", "twin", say("yours"), key="sk-two")
+    url = f"{proxy.base}/admin/api/agents/del/sessions/twin"
+    ambiguous = httpx.delete(url, headers=ADMIN)
+    assert ambiguous.status_code == 409 and ambiguous.json()["error"]["param"] == "namespace"
+    namespace = proxy.key("del", "twin", "sk-one").namespace
+    assert httpx.delete(url, params={"namespace": namespace}, headers=ADMIN).status_code == 200
+    assert proxy.stored("del", "twin", "sk-one") == []
+    assert [m.content for m in proxy.stored("del", "twin", "sk-two")] == ["yours", "ok: yours"]
+
+
+def test_summarizer_calls_per_session_are_bounded(
+    make_proxy: Callable[..., RunningProxy], fake: FakeUpstream, agents_dir: Path,
+    summaries: Summaries,
+) -> None:
+    summaries.text = None  # every summary fails, so every turn would plan another
+    write_agent(agents_dir, "loop", llm={"model": "gpt-4o", "contextWindow": 1000},
+                memoryConfig={"kind": "auto_compact", "compactAtRatio": 0.2})
+    proxy = make_proxy(summarizer_calls_per_hour=3)
+    for turn in range(10):
+        assert send(proxy, "loop", "s", say(f"turn {turn} " + "words " * 100)).status_code == 200
+        proxy.drain()
+    assert summaries.calls == 3
+    send(proxy, "loop", "other", say("another session " + "words " * 300))
+    proxy.drain()
+    assert summaries.calls == 4  # the budget is per session

@@ -1,0 +1,95 @@
+"""The embedded store's own behaviour: jobs inline on the event loop, a database locked by
+another process, checkpoints in the background."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+import storage.sqlite
+from storage.sqlite import SqliteStore
+from strategies.records import LoadSpec, SessionKey, StoredMessage, TurnWrite
+
+KEY = SessionKey("ns", "agent", "session")
+
+
+def message(text: str) -> StoredMessage:
+    return StoredMessage(role="user", content=text, tokens=3, fingerprint=f"fp-{text}")
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> SqliteStore:
+    opened = SqliteStore(f"sqlite:///{tmp_path}/store.db")
+    await opened.open()
+    yield opened
+    await opened.close()
+
+
+@pytest.fixture
+def other(tmp_path: Path, store: SqliteStore) -> sqlite3.Connection:
+    """Another process's connection to the same file."""
+    conn = sqlite3.connect(tmp_path / "store.db", isolation_level=None)
+    yield conn
+    conn.close()
+
+
+async def test_a_turn_waits_for_a_lock_held_by_another_process_without_blocking_the_loop(
+    store: SqliteStore, other: sqlite3.Connection
+) -> None:
+    other.execute("BEGIN IMMEDIATE")
+    write = asyncio.create_task(store.append_turn(KEY, TurnWrite(messages=[message("hi")])))
+    ticks = 0
+    for _ in range(10):
+        await asyncio.sleep(0.01)
+        ticks += 1
+    assert ticks == 10 and not write.done()
+    other.execute("COMMIT")
+    result = await asyncio.wait_for(write, 5)
+    assert result.seqs == [1]
+    snapshot = await store.load(KEY, LoadSpec())
+    assert [m.content for m in snapshot.messages] == ["hi"]
+
+
+async def test_turns_queued_behind_a_waiting_one_keep_their_order(
+    store: SqliteStore, other: sqlite3.Connection
+) -> None:
+    other.execute("BEGIN IMMEDIATE")
+    first = asyncio.create_task(store.append_turn(KEY, TurnWrite(messages=[message("one")])))
+    await asyncio.sleep(0.05)
+    second = asyncio.create_task(store.append_turn(KEY, TurnWrite(messages=[message("two")])))
+    await asyncio.sleep(0.05)
+    other.execute("COMMIT")
+    assert (await first).seqs == [1]
+    assert (await second).seqs == [2]
+
+
+async def test_loads_answer_while_another_process_holds_the_write_lock(
+    store: SqliteStore, other: sqlite3.Connection
+) -> None:
+    await store.append_turn(KEY, TurnWrite(messages=[message("kept")]))
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        snapshot = await asyncio.wait_for(store.load(KEY, LoadSpec()), 1)
+    finally:
+        other.execute("COMMIT")
+    assert [m.content for m in snapshot.messages] == ["kept"]
+
+
+async def test_the_write_ahead_log_is_checkpointed_in_the_background(
+    store: SqliteStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(storage.sqlite, "CHECKPOINT_EVERY", 8)
+    monkeypatch.setattr(storage.sqlite, "WAL_RESTART_FRAMES", 64)
+    for turn in range(400):
+        await store.append_turn(KEY, TurnWrite(messages=[message(f"{turn} " + "x" * 2000)]))
+        for _ in range(500):  # let a checkpoint this write started finish (a slow disk)
+            if not store._checkpointing:
+                break
+            await asyncio.sleep(0.002)
+    # without checkpoints the log holds every page written: several megabytes by now
+    assert (tmp_path / "store.db-wal").stat().st_size < 1_000_000
+    snapshot = await store.load(KEY, LoadSpec(limit=1000))
+    assert len(snapshot.messages) == 400
