@@ -23,6 +23,7 @@ import inprocess
 import phases
 import populate
 import report
+import sampling
 import servers
 from load import SessionPool
 from phases import Target
@@ -112,7 +113,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="do not create bench/out/venv-* (LiteLLM's proxy, py-spy)")
     parser.add_argument("--skip-litellm", action="store_true", help="leave out target D")
     parser.add_argument("--output", default=str(ROOT / "bench" / "RESULTS.md"))
+    parser.add_argument("--report-only", action="store_true",
+                        help="rewrite the report from bench/out/results.json, measure nothing")
     args = parser.parse_args(argv)
+    if args.report_only:
+        Path(args.output).write_text(report.render(saved_results()))
+        return 0
     plan = Plan.make(args.quick)
     command = "python bench/run.py" + (" " + shlex.join(sys.argv[1:]) if sys.argv[1:] else "")
     OUT.mkdir(parents=True, exist_ok=True)
@@ -141,6 +147,21 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.output).write_text(report.render(results))
     print(f"wrote {args.output} in {results['seconds']:.0f} s", flush=True)
     return 0
+
+
+def saved_results() -> dict:
+    """results.json as ``measure`` left it: integer keys back, profiles re-read."""
+    results = json.loads((OUT / "results.json").read_text())
+    for name in ("throughput", "histories", "workers"):
+        results[name] = {int(k): v for k, v in results[name].items()}
+    for counts in results["workers"].values():
+        for key in list(counts):
+            counts[int(key)] = counts.pop(key)
+    for key, entry in results["profiles"].items():
+        raw = OUT / "profiles" / f"{key.replace(chr(39), '2')}.txt"
+        if raw.exists():
+            entry["profile"] = sampling.summarize(raw)
+    return results
 
 
 class Run:

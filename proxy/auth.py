@@ -46,8 +46,8 @@ def require_admin(conn: HTTPConnection, settings: Settings) -> None:
         return
     if settings.admin_secret() is None:
         raise Forbidden(
-            "admin surfaces are disabled on a non-loopback address until "
-            "MEMORY_PROXY_ADMIN_TOKEN is set",
+            "without MEMORY_PROXY_ADMIN_TOKEN the admin surfaces answer only on a "
+            "loopback-bound proxy, to this machine, addressed as localhost or 127.0.0.1",
             code="admin_token_required",
         )
     raise Unauthorized("a valid admin token is required (Authorization: Bearer <token>)")

@@ -1,4 +1,4 @@
-"""Incoming messages at persist time: media parts taken out, tool results capped.
+"""Media parts of incoming messages, taken out at persist time and read back for the turn.
 
 Media parts (``image_url`` with a ``data:`` URL, ``file`` with ``file_data``,
 ``input_audio``) are taken out of the message record and stored once, content-addressed
@@ -14,11 +14,6 @@ image URLs and ``file_id`` references stay in the content as sent: the proxy nev
 them (the provider does, when the part is shown). A message may also announce attachments
 in a non-standard ``attachments`` field (a list of names or of ``{"name", "media_type",
 "size"}``); they are kept in ``meta["attachments"]`` and named in the attachment notice.
-
-Tool results are cut here, before they reach the store: at the tool's ``maxResultChars``
-(agent definition) and at ``TOOL_RESULT_CAP`` characters for every tool, with a visible
-note. The message's fingerprint is taken from the result as the client sent it, so a
-full-history client that resends the uncut result still matches the stored message.
 """
 
 from __future__ import annotations
@@ -30,7 +25,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.agents import ResolvedAgent
 from proxy.errors import BadRequest, StoreUnavailableError
 from proxy.services import Services
 from storage.base import StoreUnavailable
@@ -47,7 +41,6 @@ from strategies.media_info import (
 )
 from strategies.records import StoredMessage
 
-TOOL_RESULT_CAP = 100_000
 MAX_ANNOUNCED = 50
 _AUDIO_TYPES = {"wav": "audio/wav", "mp3": "audio/mpeg"}
 # declared types that say nothing: the bytes or the file name say more
@@ -177,89 +170,6 @@ def announced_attachments(value: Any) -> list[dict[str, Any]]:
                 item["size"] = entry["size"]
             found.append(item)
     return found
-
-
-# --- tool result caps ----------------------------------------------------------------------------
-
-
-def tool_call_names(
-    stored: Sequence[StoredMessage], conversation: Sequence[Mapping[str, Any]]
-) -> dict[str, str]:
-    """tool_call_id -> tool name, from the assistant calls loaded and in the request."""
-    names: dict[str, str] = {}
-    calls = [c for m in stored for c in (m.tool_calls or ())]
-    calls += [c for m in conversation for c in (m.get("tool_calls") or ())]
-    for call in calls:
-        function = call.get("function") if isinstance(call, Mapping) else None
-        if isinstance(function, Mapping) and isinstance(call.get("id"), str):
-            names[call["id"]] = str(function.get("name") or "")
-    return names
-
-
-def result_limit(agent: ResolvedAgent, tool: str | None) -> int:
-    """The characters a tool's result keeps: its ``maxResultChars``, never above the cap."""
-    ref = agent.tool(tool) if tool else None
-    if ref is not None and ref.maxResultChars:
-        return min(ref.maxResultChars, TOOL_RESULT_CAP)
-    return TOOL_RESULT_CAP
-
-
-def truncation_note(tool: str | None, limit: int, total: int) -> str:
-    return (f"[truncated: the {tool or 'tool'} result was cut to {limit:,} of {total:,} "
-            f"characters; the rest was not kept]")
-
-
-def cap_tool_result(
-    message: Mapping[str, Any], limit: int, tool: str | None
-) -> Mapping[str, Any]:
-    """The tool message with its text cut to ``limit`` characters (a copy), or itself."""
-    content = message.get("content")
-    if isinstance(content, str):
-        if len(content) <= limit:
-            return message
-        note = truncation_note(tool, limit, len(content))
-        return {**message, "content": content[:limit] + "\n" + note}
-    if not isinstance(content, list):
-        return message
-    texts = [p for p in content if isinstance(p, Mapping) and p.get("type") == "text"]
-    total = sum(len(str(p.get("text") or "")) for p in texts)
-    if total <= limit:
-        return message
-    left = limit
-    cut: list[Any] = []
-    for part in content:
-        if isinstance(part, Mapping) and part.get("type") == "text":
-            if left <= 0:
-                continue
-            text = str(part.get("text") or "")[:left]
-            left -= len(text)
-            part = {**part, "text": text}
-        cut.append(part)
-    cut.append({"type": "text", "text": truncation_note(tool, limit, total)})
-    return {**message, "content": cut}
-
-
-def capped_messages(
-    conversation: Sequence[Mapping[str, Any]],
-    indexes: Sequence[int],
-    agent: ResolvedAgent,
-    stored: Sequence[StoredMessage],
-) -> list[Mapping[str, Any]]:
-    """The request's new messages (``indexes``) with tool results capped."""
-    names: dict[str, str] | None = None
-    out: list[Mapping[str, Any]] = []
-    for index in indexes:
-        message = conversation[index]
-        if message.get("role") == "tool":
-            if names is None:
-                names = tool_call_names(stored, conversation)
-            tool = names.get(str(message.get("tool_call_id")))
-            message = cap_tool_result(message, result_limit(agent, tool), tool)
-        out.append(message)
-    return out
-
-
-# --- before mapping ------------------------------------------------------------------------------
 
 
 async def load_media(

@@ -30,7 +30,7 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        # orjson refuses integers beyond 64 bits and nesting beyond 1024 here too
+        # orjson refuses numbers beyond a double, lone surrogates and nesting past 1024
         raise BadRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from None
     if not isinstance(data, dict):
         raise BadRequest("request body must be a JSON object", code="invalid_json")

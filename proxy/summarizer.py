@@ -37,6 +37,9 @@ SUMMARY_MAX_TOKENS = 4096
 # a summary joins every later request: it may take this share of a small context window
 SUMMARY_WINDOW_SHARE = 0.15
 SUMMARY_MIN_TOKENS = 256
+# one summary reads at most this many stored messages; a longer unsummarized stretch is
+# summarized over several turns, each record building on the one before
+MAX_PLAN_MESSAGES = 1000
 
 
 class SummarizerBusy(Exception):
@@ -97,7 +100,8 @@ async def current_summary_plan(
     planned), so no range is summarized twice; and its messages are every active message
     after that summary up to ``plan.to_seq``, read from the store: a page shorter than
     the history (maxHistoryFetch) must not let a record cover messages the summarizer
-    never saw.
+    never saw. A stretch longer than MAX_PLAN_MESSAGES is cut before its last user
+    message: the record ends on a turn boundary and the next plan goes on from there.
     """
     previous = plan.previous
     stored = latest_summary((await store.load(key, LoadSpec(limit=0))).summaries)
@@ -106,11 +110,20 @@ async def current_summary_plan(
     low = previous.to_seq + 1 if previous else 1
     if low > plan.to_seq:
         return None
-    messages = await store.get_range(key, low, plan.to_seq)
+    high = min(plan.to_seq, low + MAX_PLAN_MESSAGES - 1)
+    messages = await store.get_range(key, low, high)
+    if high < plan.to_seq:
+        cut = max((i for i, m in enumerate(messages) if m.role == "user"), default=0)
+        messages = messages[:cut] or messages
     if not messages:
         return None
-    from_seq = previous.from_seq if previous else messages[0].seq
-    return dataclasses.replace(plan, previous=previous, messages=messages, from_seq=from_seq)
+    return dataclasses.replace(
+        plan,
+        previous=previous,
+        messages=messages,
+        from_seq=previous.from_seq if previous else messages[0].seq,
+        to_seq=messages[-1].seq,
+    )
 
 
 async def current_plan(

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy import history_sync, parts
+from proxy import history_sync, parts, tool_caps
 from proxy.agents import ResolvedAgent
 from proxy.errors import StoreUnavailableError
 from proxy.identity import Identity
@@ -187,7 +187,7 @@ async def prepare_turn(
 
     now = time.time()
     blobs: dict[str, parts.PartBlob] = {}
-    incoming = parts.capped_messages(conversation, sync.new, agent, stored)
+    incoming = tool_caps.capped_messages(conversation, sync.new, agent, stored)
     new_messages = [
         new_record(message, fingerprints[i], model, now, blobs)
         for i, message in zip(sync.new, incoming, strict=True)

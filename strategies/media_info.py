@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import re
 import struct
 from dataclasses import dataclass
@@ -81,10 +82,15 @@ def parse_data_url(url: str) -> DataUrl | None:
 
 def decode_base64(text: str) -> bytes:
     """Standard or URL-safe base64, whitespace and missing padding tolerated."""
+    urlsafe = "-" in text or "_" in text
+    if not urlsafe:
+        # the common case, decoded without copying the text first
+        with contextlib.suppress(binascii.Error):
+            return base64.b64decode(text, validate=True)
     compact = "".join(text.split())
     compact += "=" * (-len(compact) % 4)
     try:
-        if "-" in compact or "_" in compact:
+        if urlsafe:
             return base64.urlsafe_b64decode(compact)
         return base64.b64decode(compact, validate=True)
     except (binascii.Error, ValueError) as exc:

@@ -28,6 +28,7 @@ from summarizing_support import (
     tool_contents,
 )
 
+from proxy import summarizer
 from proxy.fake_upstream import Reply
 from proxy.summarizer import run_plan
 from strategies.base import SummarizePlan
@@ -476,3 +477,21 @@ def test_a_plan_overtaken_by_a_newer_summary_builds_on_it(make_proxy, fake, agen
     call = summarizer_requests(fake)[-1]
     assert f"## Previous summary (messages 1-{first.to_seq})" in call.body["messages"][1]["content"]
     assert transcript_seqs(call) == list(range(first.to_seq + 1, stored[-3].seq + 1))
+
+
+def test_a_long_unsummarized_stretch_is_summarized_in_bounded_steps(
+    make_proxy, fake, agents_dir, monkeypatch
+):
+    monkeypatch.setattr(summarizer, "MAX_PLAN_MESSAGES", 5)
+    summarizing_agent(agents_dir, "steps")
+    scripted(fake)
+    proxy = make_proxy()
+    session = DeltaSession(proxy.client("steps", "s"), fake)
+    turn = chat_until_summarized(proxy, session, 0, summaries=3)
+    records = proxy.snapshot("steps", "s").summaries
+    # each step reads at most five messages, stops before a user message and builds on
+    # the record before it
+    assert [(r.from_seq, r.to_seq) for r in records[:3]] == [(1, 4), (1, 8), (1, 12)]
+    assert [transcript_seqs(c) for c in summarizer_requests(fake)[:3]] == [
+        [1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]]
+    assert len(proxy.stored("steps", "s")) == 2 * turn

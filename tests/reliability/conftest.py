@@ -3,32 +3,22 @@ store, and a flushed Redis. ``e2e`` (tests/proxy) provides ``RunningProxy``."""
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from redis.asyncio import Redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "proxy"))
 
 from e2e import ADMIN_TOKEN, RunningProxy
+from reliability_support import flush_redis
 from servers import ThreadedServer
 
 from proxy.app import create_app
 from proxy.fake_upstream import FakeUpstream
 from proxy.settings import Settings
-
-
-def flush_redis(url: str) -> None:
-    async def flush() -> None:
-        client = Redis.from_url(url)
-        await client.flushdb()
-        await client.aclose()
-
-    asyncio.run(flush())
 
 
 @pytest.fixture

@@ -9,20 +9,25 @@ times.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import pytest
-from e2e import CLIENT_KEY, RunningProxy
-from reliability_support import report, scaled
+from e2e import ADMIN_TOKEN, CLIENT_KEY, RunningProxy
+from redis_server import RedisServer, free_port
+from reliability_support import ProxyProcess, flush_redis, report, scaled
 
 from proxy.fake_upstream import FakeUpstream
-from strategies.records import StoredMessage
+from proxy.identity import namespace_for
+from storage.redis import RedisStore
+from strategies.records import LoadSpec, SessionKey, StoredMessage
 
 WRITERS = 50
 TURNS_PER_WRITER = scaled(2, 4)
-REPETITIONS = scaled(3, 20)
+REPETITIONS = scaled(2, 20)
 
 
 async def write_turns(client: httpx.AsyncClient, base: str, writer: int) -> int:
@@ -91,3 +96,44 @@ def test_fifty_concurrent_writers_on_one_session_lose_and_duplicate_nothing(
            repetitions=REPETITIONS, writers=WRITERS, turns_per_writer=TURNS_PER_WRITER,
            turns=REPETITIONS * WRITERS * TURNS_PER_WRITER,
            seconds=round(time.monotonic() - started, 1))
+
+
+async def read_session(url: str, session: str) -> tuple[list[StoredMessage], list[StoredMessage]]:
+    store = RedisStore(url)
+    await store.open()
+    try:
+        key = SessionKey(namespace_for(CLIENT_KEY), "helper", session)
+        active = (await store.load(key, LoadSpec(limit=1_000_000))).messages
+        every = await store.get_messages(key, range(1, 4 * WRITERS * TURNS_PER_WRITER))
+        return active, every
+    finally:
+        await store.close()
+
+
+@pytest.mark.soak
+def test_two_proxy_processes_on_one_redis_store_every_turn_once(
+    redis_server: RedisServer, fake: FakeUpstream, tmp_path: Path
+) -> None:
+    flush_redis(redis_server.url)
+    agents = tmp_path / "agents"
+    agents.mkdir()
+    env = {"MEMORY_PROXY_STORE_URL": redis_server.url, "MEMORY_PROXY_UPSTREAM_URL": fake.url,
+           "MEMORY_PROXY_AGENTS_DIR": str(agents), "MEMORY_PROXY_ADMIN_TOKEN": ADMIN_TOKEN,
+           "MEMORY_PROXY_LOG_LEVEL": "warning"}
+    processes = [ProxyProcess(free_port(), env, tmp_path / f"proxy-{n}.log") for n in range(2)]
+    starting = [threading.Thread(target=p.start) for p in processes]
+    for thread in starting:
+        thread.start()
+    for thread in starting:
+        thread.join(60)
+    try:
+        for repetition in range(REPETITIONS):
+            session = f"procs-{repetition}"
+            bases = [f"{p.base}/agents/helper/sessions/{session}/v1" for p in processes]
+            assert asyncio.run(run_writers(bases)) == WRITERS * TURNS_PER_WRITER
+            check_log(*asyncio.run(read_session(redis_server.url, session)))
+    finally:
+        for process in processes:
+            process.stop()
+    report("concurrent writers, two processes", repetitions=REPETITIONS, writers=WRITERS,
+           turns=REPETITIONS * WRITERS * TURNS_PER_WRITER)

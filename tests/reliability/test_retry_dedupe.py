@@ -101,6 +101,7 @@ def test_a_full_history_sdk_retry_stores_the_turn_once(
     assert [c for _, c in contents(proxy, "full")] == ["q1", "a1", "q2", "a2"]
 
 
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
 def test_a_tool_result_retry_is_not_stored_twice(proxy: RunningProxy, fake: FakeUpstream) -> None:
     client = proxy.client("helper", "tools")
     fake.queue(Reply.tool_calls([{"id": "call_9", "name": "lookup", "arguments": {"q": 1}}]))
@@ -114,6 +115,7 @@ def test_a_tool_result_retry_is_not_stored_twice(proxy: RunningProxy, fake: Fake
     assert contents(proxy, "tools")[-1] == ("assistant", "found it")
 
 
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
 def test_the_same_message_sent_twice_without_a_retry_sign_is_two_turns(
     proxy: RunningProxy, fake: FakeUpstream
 ) -> None:
@@ -135,6 +137,7 @@ def test_an_idempotency_key_replays_only_its_own_turn(
     assert [c for _, c in contents(proxy, "idem")] == ["hi", "again", "hi", "ok: hi"]
 
 
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
 def test_a_retry_of_an_attempt_that_stored_nothing_is_stored_once(
     proxy: RunningProxy, fake: FakeUpstream
 ) -> None:
