@@ -8,6 +8,7 @@ round) so that background load on the machine hits them alike.
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ from typing import Any
 import load
 import sampling
 from load import LoadResult, SessionPool, median
-from servers import OUT, Server, http_status
+from servers import OUT, PYTHON, ROOT, Server, http_status
 
 
 @dataclass
@@ -198,6 +199,25 @@ def time_to_ready(make: Callable[[], Server], repeats: int) -> dict[str, float]:
         finally:
             server.stop()
     return {"ready_s": median(ready), "first_turn_s": median(first), "idle_rss_mb": rss}
+
+
+TOKENIZER_RSS = """
+import sys
+def rss():
+    return int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS")).split()[1])
+import proxy.app
+from strategies.tokens import CL100K, O200K, get_encoding
+before = rss(); get_encoding(O200K); middle = rss(); get_encoding(CL100K)
+print(before / 1024, (middle - before) / 1024, (rss() - middle) / 1024)
+"""
+
+
+def tokenizer_memory() -> dict[str, float]:
+    """RSS of the app's imports, and what each tiktoken encoding adds once loaded."""
+    done = subprocess.run([PYTHON, "-c", TOKENIZER_RSS], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+    imports, o200k, cl100k = (float(x) for x in done.stdout.split())
+    return {"imports_mb": imports, "o200k_mb": o200k, "cl100k_mb": cl100k}
 
 
 def wait_ready(server: Server) -> bool:

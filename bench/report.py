@@ -248,9 +248,10 @@ def render(r: dict[str, Any]) -> str:
     lines += ["## Store round trips and tokenizing per turn", "",
               "Counted in process (the app with its lifespan, requests through "
               "httpx.ASGITransport): Store method calls, round trips (Redis: command packets "
-              "sent, a pipeline is one; SQLite: jobs on the store thread, each one "
-              "transaction), Redis commands from INFO commandstats, and the text handed to "
-              "tiktoken. Averages over the measured turns, background work included.", ""]
+              "sent, a pipeline is one; SQLite: store jobs, each one transaction, run inline "
+              "on the event loop), Redis commands from INFO commandstats, and the text handed "
+              "to tiktoken (roles and names are counted once per process). Averages over the "
+              "measured turns, background work included.", ""]
     rows = []
     for c in r["inprocess"]:
         calls = ", ".join(f"{k} {v:g}" for k, v in c["store_calls"].items())
@@ -274,12 +275,21 @@ def render(r: dict[str, Any]) -> str:
               "of them (wrk, concurrency 32):", ""]
     lines += _table(["store", "sessions x messages", "store filled in", "ready in",
                      "RSS idle", "load", "peak RSS"], rows)
+    tok = r.get("tokenizer_memory")
+    if tok:
+        lines += [f"Most of that is the tokenizer: the app's imports take {tok['imports_mb']:.0f} "
+                  f"MB, loading o200k_base adds {tok['o200k_mb']:.0f} MB and cl100k_base "
+                  f"{tok['cl100k_mb']:.0f} MB more. This run's model (gpt-4o-mini) uses "
+                  "o200k_base only; a proxy that also counts for a model on cl100k_base (the "
+                  "fallback for unknown model ids) holds both, about "
+                  f"{tok['cl100k_mb']:.0f} MB above the peaks shown.", ""]
     rows = [[k, f"{v['ready_s']:.2f} s", f"{v['first_turn_s'] * 1000:.0f} ms",
              f"{v['idle_rss_mb']:.0f} MB"] for k, v in r["ready"].items()]
     if r.get("litellm_ready_s"):
         rows.append(["D", f"{r['litellm_ready_s']:.2f} s", "-", "-"])
     lines += ["Start-up: spawn of `memory-proxy serve` to `GET /ready` = 200 (median), then "
-              "the first turn (tokenizer and pools warm up on it):", ""]
+              "the first turn (the tokenizer is loaded on it: most of its time, and about "
+              "70 MB of the RSS):", ""]
     lines += _table(["target", "ready", "first turn", "RSS after it"], rows)
 
     lines += ["## Workers on Redis", "",
@@ -349,11 +359,12 @@ def _explain(name: str, r: dict[str, Any]) -> str:
     if "workers" in name:
         w = r["workers"]
         return (
-            "two workers share the machine's two cores with wrk, the fake upstream, "
-            "redis-server and everything else running; proxy CPU during the run went from "
-            f"{w[1][32]['cpu_s']:.1f} s (1 worker) to {w[2][32]['cpu_s']:.1f} s (2 workers) "
-            "without more requests/s, so the cores, not the proxy, are the limit here. "
-            f"At concurrency 64: {w[1][64]['rps']:,.0f} -> {w[2][64]['rps']:,.0f} req/s."
+            "the CPU the workers can get. Two workers share the machine's two cores with wrk, "
+            "the fake upstream, redis-server and the other processes running; the proxy got "
+            f"{w[1][32]['cpu_s']:.1f} s of CPU in the concurrency-32 cell with one worker and "
+            f"{w[2][32]['cpu_s']:.1f} s with two, so the second worker added no CPU to serve "
+            f"with. At concurrency 64: {w[1][64]['rps']:,.0f} -> {w[2][64]['rps']:,.0f} req/s. "
+            "Scaling needs cores the load generator and upstream do not use."
         )
     if "windowed" in name:
         w = r["window"]["C"]

@@ -299,6 +299,8 @@ class Run:
                 plan.ready_repeats),
         }
 
+        results["tokenizer_memory"] = phases.tokenizer_memory()
+
         self.step(f"memory with {plan.big_sessions:,} sessions stored")
         results["big"] = self.many_sessions(upstream, redis.port)
 

@@ -29,12 +29,14 @@ def schedule_after_turn(
     services.remember_credentials(turn.key, headers)
     stubs = turn.window.new_stubs
     # the session as stored now: with this turn's messages and its compression stubs
+    # membership by identity: dataclass equality would compare every field of every message
+    appended = {id(r) for r in turn.appended}
     kept = [
         dataclasses.replace(m, compressed_content=stubs[m.seq]) if m.seq in stubs else m
         for m in turn.context.messages
-        if m.seq and m not in turn.appended
+        if m.seq and id(m) not in appended
     ]
-    messages = [*kept, *(r for r in turn.appended if r not in kept)]
+    messages = [*kept, *turn.appended]
     messages.sort(key=lambda m: m.seq)
     calibration = result.meta.calibration or turn.context.calibration
     context = dataclasses.replace(

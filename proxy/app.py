@@ -41,6 +41,15 @@ from strategies.mapper import load_mapper
 logger = logging.getLogger("memory_proxy")
 
 
+def preload_tokenizers(settings: Settings) -> None:
+    """Read the model map and the default tokenizer before serving (off the event loop):
+    the first turn should not pay for loading a BPE file."""
+    from strategies.tokens import encoding_for_model, get_encoding
+
+    model_info.preload()
+    get_encoding(encoding_for_model(settings.default_model))
+
+
 def build_upstream(settings: Settings) -> Upstream:
     from proxy.upstream.litellm_upstream import LitellmUpstream
     from proxy.upstream.openai_http import OpenAIUpstream
@@ -142,7 +151,7 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         services.agents.load()
-        await asyncio.to_thread(model_info.preload)
+        await asyncio.to_thread(preload_tokenizers, settings)
         await services.store.open()
         await services.upstream.start()
         services.started = True

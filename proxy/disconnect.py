@@ -39,23 +39,14 @@ async def unless_disconnected(receive: Receive | None, awaitable: Awaitable[T]) 
         return await awaitable
     work = asyncio.ensure_future(awaitable)
     watch = asyncio.ensure_future(_disconnected(receive))
+    # a done callback instead of asyncio.wait: no extra futures on every request
+    watch.add_done_callback(lambda done: done.cancelled() or work.cancel())
     try:
-        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:
-        work.cancel()
-        raise
-    finally:
-        watch.cancel()
-    if work.done():
-        return work.result()
-    work.cancel()
-    try:
-        # finished before the cancel landed: the caller handles it as usual
         return await work
     except asyncio.CancelledError:
         task = asyncio.current_task()
-        if task is not None and task.cancelling():
-            raise
-    except Exception:  # failed while being cancelled; the client is gone either way
-        pass
-    raise ClientDisconnected("the client closed the connection before the reply")
+        if watch.done() and not watch.cancelled() and not (task and task.cancelling()):
+            raise ClientDisconnected("the client closed the connection before the reply") from None
+        raise
+    finally:
+        watch.cancel()

@@ -30,6 +30,8 @@ class Settings(BaseSettings):
     # when the upstream itself takes such ids (an OpenRouter-style gateway)
     litellm_routing: bool = True
     default_context_window: int = 128_000
+    # the tokenizer loaded before serving (the family most traffic uses)
+    default_model: str = "gpt-4o"
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
     upstream_timeout: float = 600.0
     # how long a turn waits for a running compaction of its session before going ahead

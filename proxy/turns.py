@@ -182,8 +182,9 @@ async def prepare_turn(
             stored = earlier[-spec.limit :]
     if not sync.new or conversation[sync.new[0]].get("role") != "user":
         stored = await with_current_turn(services, key, snapshot, stored)
-    known_calls = {c["id"] for m in stored for c in (m.tool_calls or ())}
-    history_sync.check_tool_results(conversation, sync.new, known_calls)
+    if any(conversation[i].get("role") == "tool" for i in sync.new):
+        known_calls = {c["id"] for m in stored for c in (m.tool_calls or ())}
+        history_sync.check_tool_results(conversation, sync.new, known_calls)
 
     now = time.time()
     blobs: dict[str, parts.PartBlob] = {}

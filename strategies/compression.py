@@ -183,6 +183,7 @@ def stub_tokens(message: StoredMessage, stub: str, count_tokens: CountTokens) ->
 
 
 def compressed_item(message: StoredMessage, stub: str, count_tokens: CountTokens) -> WindowItem:
+    """``message`` as it goes into the window: its stub in place of its content."""
     return WindowItem(
         message=message,
         tokens=stub_tokens(message, stub, count_tokens),

@@ -151,18 +151,13 @@ class SummarizingWindowStrategy:
         history fit."""
         config: SummarizingWindowConfig = ctx.config  # type: ignore[assignment]
         context_window, calibration = ctx.context_window, ctx.calibration
-        summary = latest_summary(ctx.summaries)
-        placement = config.summaryPlacement
-        fixed = ctx.system_tokens + summary_tokens(summary, placement, ctx.count_tokens)
-        start = live_start(ctx.messages, summary)
+        summary, fixed, start, items = self._live(ctx)
         live = ctx.messages[start:]
         turn = min(max(ctx.current_turn_start - start, 0), len(live))
         notes: list[str] = []
         if start:
             notes.append(f"{start} messages covered by the summary are not sent")
 
-        cap = message_cap(config, context_window, calibration)
-        items = [self._render(m, cap, ctx.count_tokens) for m in live]
         pressure = exceeds(
             fixed + sum(i.tokens for i in items),
             config.compressWhenWindowAboveRatio,
@@ -206,7 +201,7 @@ class SummarizingWindowStrategy:
         return Window(
             items=kept,
             summaries=[summary] if summary else [],
-            summary_placement=placement,
+            summary_placement=config.summaryPlacement,
             trimmed=len(ctx.messages) - len(kept),
             new_stubs=stubs,
             tokens=total,
@@ -221,18 +216,25 @@ class SummarizingWindowStrategy:
             return truncate_item(item, cap[1], count_tokens)
         return item
 
-    def live_tokens(self, ctx: WindowContext) -> int:
-        """The live window before trimming, as an estimate: the system prompt, the latest
-        summary and every loaded message it does not cover, as rendered (stored stubs, the
-        message cap)."""
+    def _live(self, ctx: WindowContext) -> tuple[SummaryRecord | None, int, int, list[WindowItem]]:
+        """The live window before compression and trimming: the latest summary, the size of
+        the system prompt and that summary, the index of the first loaded message the
+        summary does not cover, and every message from there as rendered (stored stubs,
+        the message cap)."""
         config: SummarizingWindowConfig = ctx.config  # type: ignore[assignment]
         summary = latest_summary(ctx.summaries)
         fixed = ctx.system_tokens + summary_tokens(
             summary, config.summaryPlacement, ctx.count_tokens
         )
+        start = live_start(ctx.messages, summary)
         cap = message_cap(config, ctx.context_window, ctx.calibration)
-        live = ctx.messages[live_start(ctx.messages, summary) :]
-        return fixed + sum(self._render(m, cap, ctx.count_tokens).tokens for m in live)
+        items = [self._render(m, cap, ctx.count_tokens) for m in ctx.messages[start:]]
+        return summary, fixed, start, items
+
+    def live_tokens(self, ctx: WindowContext) -> int:
+        """The live window before trimming, as an estimate (uncalibrated)."""
+        _summary, fixed, _start, items = self._live(ctx)
+        return fixed + sum(item.tokens for item in items)
 
     def after_turn(self, ctx: WindowContext, window_tokens: int) -> SummarizePlan | None:
         """Summarize the oldest unsummarized range when ``autoSummarize`` is on and the

@@ -41,6 +41,9 @@ from strategies.media_tokens import audio_tokens, document_tokens, image_tokens
 
 log = logging.getLogger(__name__)
 
+# texts remembered per model by cached_counter
+COUNT_CACHE_SIZE = 16_384
+
 O200K = "o200k_base"
 CL100K = "cl100k_base"
 _O200K_PREFIXES = ("gpt-4o", "gpt-4.1", "gpt-4.5", "gpt-5", "o1", "o3", "o4", "chatgpt-4o")
@@ -116,11 +119,28 @@ def make_counter(model: str) -> Callable[[str], int]:
     return functools.partial(_count, encoding_for_model(model))
 
 
-@functools.cache
+@functools.lru_cache(maxsize=64)
 def cached_counter(model: str) -> Callable[[str], int]:
     """A counter that remembers the texts it has seen: stubs, summaries and truncations a
-    strategy renders every turn are tokenized once per process, not once per request."""
-    return functools.lru_cache(maxsize=16_384)(make_counter(model))
+    strategy renders every turn are tokenized once per process, not once per request.
+
+    Keyed by (length, hash) so a huge text costs a few bytes of cache, not its own size;
+    bounded, and one per model family string (the model comes from clients).
+    """
+    count = make_counter(model)
+    seen: dict[tuple[int, int], int] = {}
+
+    def counter(text: str) -> int:
+        key = (len(text), hash(text))
+        tokens = seen.get(key)
+        if tokens is None:
+            tokens = count(text)
+            if len(seen) >= COUNT_CACHE_SIZE:
+                seen.clear()
+            seen[key] = tokens
+        return tokens
+
+    return counter
 
 
 def _count(encoding_name: str, text: str) -> int:

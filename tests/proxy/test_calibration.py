@@ -59,8 +59,10 @@ def test_the_tokenizer_matches_the_model_family(model, encoding):
 
 
 def dense_session(make_proxy, fake, agents_dir, factor: float):
-    """A proxy whose upstream counts ``factor`` times what tiktoken counts."""
-    write_agent(agents_dir, "dense", llm={"model": MODEL, "contextWindow": WINDOW})
+    """A proxy whose upstream counts ``factor`` times what tiktoken counts; no single
+    message cap, so a long message reaches the upstream whole."""
+    write_agent(agents_dir, "dense", llm={"model": MODEL, "contextWindow": WINDOW},
+                memoryConfig={"kind": "summarizing_window", "maxMessageRatio": 1.0})
     scripted(fake)
     fake.count_tokens = lambda body: round(factor * prompt_tokens(body["messages"]))
     proxy = make_proxy()
@@ -72,7 +74,8 @@ def test_the_calibration_converges_and_the_budget_holds_for_a_denser_tokenizer(
 ):
     proxy, session = dense_session(make_proxy, fake, agents_dir, 1.5)
     factors = []
-    # a long opening message (3,000 real tokens), then 300-token turns
+    # a long opening message (3,000 real tokens), then 300-token turns: from the second
+    # request on the opening no longer fits the real budget and is trimmed
     for turn in range(1, 13):
         session.say(sized(f"U{turn}", 2000 if turn == 1 else 300))
         factors.append(proxy.snapshot("dense", "s").meta.calibration)
@@ -86,6 +89,7 @@ def test_the_calibration_converges_and_the_budget_holds_for_a_denser_tokenizer(
     estimates = [int(s.headers["x-memory-window-tokens"]) for s in session.sent]
     assert max(estimates[1:]) * factors[-1] <= BUDGET
     assert max(real) > BUDGET - 500  # the budget was reached, not just never approached
+    assert real[0] > 3000 and "U1:" not in str(session.sent[1].messages)
     assert session.sent[-1].headers["x-memory-context-modified"] == "true"
 
 

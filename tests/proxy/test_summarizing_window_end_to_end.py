@@ -146,7 +146,7 @@ def test_a_long_tool_heavy_session_is_compressed_truncated_and_trimmed_by_the_ru
     assert 0.5 < totals["live_ratio"] <= 0.8
 
 
-def test_no_pressure_no_compression(make_proxy, fake, agents_dir):
+def test_without_pressure_no_result_is_compressed(make_proxy, fake, agents_dir):
     # 16,000 tokens: five turns of 700-token results stay under half of the window
     write_agent(agents_dir, "roomy", llm={"model": MODEL, "contextWindow": 16_000})
     scripted(fake)
@@ -495,3 +495,36 @@ def test_a_long_unsummarized_stretch_is_summarized_in_bounded_steps(
     assert [transcript_seqs(c) for c in summarizer_requests(fake)[:3]] == [
         [1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]]
     assert len(proxy.stored("steps", "s")) == 2 * turn
+
+
+def test_a_full_history_clients_first_request_is_compressed_and_stored_losslessly(
+    make_proxy, fake, agents_dir
+):
+    """Stubs decided for the request's own new messages are written with them."""
+    write_agent(agents_dir, "resent", llm={"model": MODEL, "contextWindow": WINDOW})
+    scripted(fake)
+    proxy = make_proxy()
+    history: list[dict] = []
+    results = {}
+    for turn in range(1, 5):
+        cid = f"old{turn}"
+        results[cid] = sized(f"RESULT {turn}", 700)
+        history += [
+            {"role": "user", "content": f"question {turn}"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": cid, "type": "function",
+                 "function": {"name": "lookup", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": cid, "content": results[cid]},
+            {"role": "assistant", "content": f"answer {turn}"},
+        ]
+    history.append({"role": "user", "content": "and now?"})
+    raw = proxy.client("resent", "s").chat.completions.with_raw_response.create(
+        model=MODEL, messages=history)
+    assert modified(dict(raw.headers))
+    sent = tool_contents(agent_requests(fake)[-1].body["messages"])
+    assert STUB_HINT in sent["old1"]
+    assert [sent[f"old{n}"] for n in (2, 3, 4)] == [results[f"old{n}"] for n in (2, 3, 4)]
+    stored = {m.tool_call_id: m for m in proxy.stored("resent", "s") if m.role == "tool"}
+    assert {cid: m.content for cid, m in stored.items()} == results
+    assert stored["old1"].compressed_content == sent["old1"]
+    assert [stored[f"old{n}"].compressed_content for n in (2, 3, 4)] == [None] * 3

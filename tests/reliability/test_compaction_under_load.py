@@ -31,6 +31,7 @@ FILLER = " lorem" * 60
 TRANSCRIPT = re.compile(r"## Transcript \(messages (\d+)-(\d+)\)")
 TAG = re.compile(r"\bw\d+-t\d+\b")
 OMITTED = re.compile(r"\[… (\d+) messages omitted")
+PREVIOUS = re.compile(r"## Previous summary \(messages \d+-(\d+)\)")
 
 
 def is_summarizer_call(body: dict[str, Any]) -> bool:
@@ -122,7 +123,10 @@ def test_turns_arriving_during_compaction_are_all_kept(
         shown = summarizer.calls[number - 1]["messages"][1]["content"]
         low, high = map(int, TRANSCRIPT.search(shown).groups())
         assert (record.from_seq, record.to_seq) == (low, high)
-        covered = {TAG.search(by_seq[s].content).group() for s in range(low, high + 1)
+        # a summary that builds on a previous one covers its range through its text
+        previous = PREVIOUS.search(shown)
+        first = int(previous.group(1)) + 1 if previous else low
+        covered = {TAG.search(by_seq[s].content).group() for s in range(first, high + 1)
                    if s in by_seq and by_seq[s].role == "user"}
         # an input over the summarizer's budget says how many messages it left out
         omitted = OMITTED.search(shown)

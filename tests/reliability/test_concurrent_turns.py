@@ -50,7 +50,8 @@ async def write_turns(client: httpx.AsyncClient, base: str, writer: int) -> int:
 
 
 async def run_writers(bases: list[str]) -> int:
-    limits = httpx.Limits(max_connections=WRITERS * 2)
+    # idle connections retire well before the server's 5 s keep-alive closes them
+    limits = httpx.Limits(max_connections=WRITERS * 2, keepalive_expiry=1.0)
     async with httpx.AsyncClient(timeout=60, limits=limits,
                                  headers={"Authorization": f"Bearer {CLIENT_KEY}"}) as client:
         done = await asyncio.gather(*(

@@ -72,9 +72,13 @@ def test_the_proxy_starts_with_redis_down_and_recovers_when_it_comes_up(
     answer, waited = ready(proxy)
     assert answer.status_code == 503 and answer.json()["store"] == "unreachable"
     assert answer.headers["retry-after"] == "1" and waited <= FAIL_FAST
+    timings = []
     for stream in (False, True):
-        assert_unavailable(*chat(proxy, "down", stream=stream))
+        response, elapsed = chat(proxy, "down", stream=stream)
+        assert_unavailable(response, elapsed)
+        timings.append(round(elapsed, 3))
     assert fake.chat_requests == []  # nothing was sent upstream for a turn it cannot store
+    report("redis down", chat_503_seconds=timings, ready_503_seconds=round(waited, 3))
 
     redis.start()
     assert ready(proxy)[0].status_code == 200
