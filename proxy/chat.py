@@ -105,7 +105,8 @@ async def chat_completions(request: Request) -> Response:
         options = out.get("stream_options")
         client_wants_usage = isinstance(options, dict) and bool(options.get("include_usage"))
         # usage calibrates the token estimate; it is stripped again if the client did not ask
-        out["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+        asked = options if isinstance(options, dict) else {}
+        out["stream_options"] = {**asked, "include_usage": True}
     return await forward(
         services, UpstreamRequest(out, headers), streaming, turn,
         client_wants_usage=client_wants_usage, fetch=fetch, receive=request.receive,

@@ -2,8 +2,8 @@
 kept, each turn's user message and reply adjacent.
 
 50 delta clients write to one session at once (half of them streaming), each sending a
-few turns in a row; with Redis, through two proxies sharing it. ``SOAK=1`` repeats it many
-times.
+few turns in a row; with Redis, through two proxies sharing it (two apps in this process,
+and two ``memory-proxy serve`` processes). ``SOAK=1`` repeats it many times.
 """
 
 from __future__ import annotations
