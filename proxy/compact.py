@@ -7,15 +7,13 @@ from starlette.responses import Response
 
 from proxy.auth import require_admin
 from proxy.errors import ProxyError, StoreUnavailableError
-from proxy.inspect import find_session, inspect_session
+from proxy.inspect import inspect_session, requested_session
 from proxy.responses import json_response
 from proxy.services import Services
 from proxy.summarizer import SummarizerBusy, SummarizerError, run_plan
-from proxy.turns import current_turn_start, load_snapshot, resolve_agent
+from proxy.turns import load_snapshot, resolve_agent, stored_context
 from storage.base import StoreUnavailable
-from strategies.base import WindowContext
 from strategies.records import SessionKey
-from strategies.tokens import cached_counter
 
 
 class CompactConflict(ProxyError):
@@ -31,17 +29,8 @@ async def compact(services: Services, key: SessionKey) -> dict[str, object]:
     agent, strategy, snapshot = await load_snapshot(services, key, agent, [])
     meta = snapshot.meta
     model = meta.model or agent.definition.llm.model or ""
-    context_window = agent.context_window(model, services.settings.default_context_window)
-    context = WindowContext(
-        config=agent.config,
-        context_window=context_window,
-        messages=snapshot.messages,
-        summaries=snapshot.summaries,
-        system_tokens=meta.system_tokens,
-        current_turn_start=current_turn_start(snapshot.messages),
-        count_tokens=cached_counter(model),
-        calibration=meta.calibration or 1.0,
-    )
+    context = stored_context(services, agent, snapshot, model)
+    context_window = context.context_window
     plan = strategy.compress(context)
     result: dict[str, object] = {
         "strategy": agent.config.kind,
@@ -86,12 +75,7 @@ async def compact(services: Services, key: SessionKey) -> dict[str, object]:
 async def compact_session(request: Request) -> Response:
     services: Services = request.app.state.services
     require_admin(request, services.settings)
-    key = await find_session(
-        services,
-        request.path_params["agent"],
-        request.path_params["session"],
-        request.query_params.get("namespace"),
-    )
+    key = await requested_session(services, request)
     result = await compact(services, key)
     result["memory"] = await inspect_session(services, key)
     return json_response(result)

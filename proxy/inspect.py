@@ -4,17 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from starlette.requests import HTTPConnection
+
 from proxy import parts
 from proxy.agents import ResolvedAgent
 from proxy.errors import NotFound, StoreUnavailableError
 from proxy.services import Services
-from proxy.turns import current_turn_start, load_snapshot, resolve_agent
+from proxy.turns import current_turn_start, load_snapshot, resolve_agent, stored_context
 from storage.base import StoreUnavailable
 from strategies import media
 from strategies.base import Window, WindowContext
 from strategies.mapper import MappingContext
 from strategies.records import SessionKey, SessionSnapshot
-from strategies.tokens import cached_counter, count_message
+from strategies.tokens import count_message
 
 
 async def find_session(
@@ -32,6 +34,16 @@ async def find_session(
     if not matches:
         raise NotFound(f"no session {session!r} for agent {agent!r}", code="session_not_found")
     return SessionKey(matches[0].namespace, agent, session)
+
+
+async def requested_session(services: Services, request: HTTPConnection) -> SessionKey:
+    """The session an admin URL names: ``/…/{agent}/…/{session}`` and ``?namespace=``."""
+    return await find_session(
+        services,
+        request.path_params["agent"],
+        request.path_params["session"],
+        request.query_params.get("namespace"),
+    )
 
 
 def text_of(content: Any) -> str:
@@ -147,15 +159,8 @@ async def inspect_session(services: Services, key: SessionKey) -> dict[str, Any]
     # the current turn's media as the model receives them: blocks loaded, tokens counted
     await parts.load_media(services, messages[start:], mapping)
     media_tokens = media.current_turn_deltas(messages[start:], mapping, model)
-    context = WindowContext(
-        config=agent.config,
-        context_window=agent.context_window(model, services.settings.default_context_window),
-        messages=messages,
-        summaries=snapshot.summaries,
-        system_tokens=meta.system_tokens + sum(media_tokens.values()),
-        current_turn_start=start,
-        count_tokens=cached_counter(model),
-        calibration=meta.calibration or 1.0,
+    context = stored_context(
+        services, agent, snapshot, model, extra_system_tokens=sum(media_tokens.values())
     )
     window = strategy.select(context)
     media.settle_window(window, media_tokens)

@@ -7,7 +7,7 @@ from starlette.responses import Response
 
 from proxy.auth import require_admin
 from proxy.errors import StoreUnavailableError
-from proxy.inspect import find_session, inspect_session
+from proxy.inspect import inspect_session, requested_session
 from proxy.responses import json_response
 from proxy.services import Services
 from storage.base import StoreUnavailable
@@ -32,12 +32,7 @@ async def list_sessions(request: Request) -> Response:
 async def session_memory(request: Request) -> Response:
     services: Services = request.app.state.services
     require_admin(request, services.settings)
-    key = await find_session(
-        services,
-        request.path_params["agent"],
-        request.path_params["session"],
-        request.query_params.get("namespace"),
-    )
+    key = await requested_session(services, request)
     view = await inspect_session(services, key)
     headers = {
         "x-memory-agent": key.agent,

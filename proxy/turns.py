@@ -255,6 +255,28 @@ async def prepare_turn(
     )
 
 
+def stored_context(
+    services: Services,
+    agent: ResolvedAgent,
+    snapshot: SessionSnapshot,
+    model: str,
+    *,
+    extra_system_tokens: int = 0,
+) -> WindowContext:
+    """The strategy's view of a session as stored (no request): /memory and Compact."""
+    meta = snapshot.meta
+    return WindowContext(
+        config=agent.config,
+        context_window=agent.context_window(model, services.settings.default_context_window),
+        messages=snapshot.messages,
+        summaries=snapshot.summaries,
+        system_tokens=meta.system_tokens + extra_system_tokens,
+        current_turn_start=current_turn_start(snapshot.messages),
+        count_tokens=cached_counter(model),
+        calibration=meta.calibration or 1.0,
+    )
+
+
 async def with_current_turn(
     services: Services, key: SessionKey, snapshot: SessionSnapshot, stored: list[StoredMessage]
 ) -> list[StoredMessage]:

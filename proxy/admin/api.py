@@ -17,7 +17,7 @@ from proxy.admin import agents_view
 from proxy.admin.security import check_loopback_host, check_origin
 from proxy.auth import require_admin
 from proxy.errors import BadRequest, ProxyError
-from proxy.inspect import find_session, inspect_session
+from proxy.inspect import inspect_session, requested_session
 from proxy.requests import parse_json_object, read_body
 from proxy.responses import json_response, proxy_error_handler
 from proxy.services import Services
@@ -79,10 +79,5 @@ async def agent(request: Request) -> Response:
 @admin_api
 async def session(request: Request) -> Response:
     services: Services = request.app.state.services
-    key = await find_session(
-        services,
-        request.path_params["agent"],
-        request.path_params["session"],
-        request.query_params.get("namespace"),
-    )
+    key = await requested_session(services, request)
     return json_response(await inspect_session(services, key))
