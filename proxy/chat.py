@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive
 
-from proxy import fetch_tool, history_sync
+from proxy import fetch_tool, history_sync, metrics
 from proxy.after_turn import schedule_after_turn
 from proxy.disconnect import unless_disconnected
 from proxy.errors import BadRequest, ProxyError, UpstreamError
@@ -211,4 +211,9 @@ async def finish_turn(
 ) -> None:
     reply = accumulator.message()
     result = await persist_turn(services, turn, reply, usage=usage or accumulator.usage)
+    kind = turn.agent.config.kind
+    metrics.inc("memory_proxy_turns_total", strategy=kind)
+    metrics.inc("memory_proxy_window_tokens_total", turn.window.tokens, strategy=kind)
+    if turn.window.modified:
+        metrics.inc("memory_proxy_context_modified_total", strategy=kind)
     schedule_after_turn(services, turn, result, headers)

@@ -9,7 +9,7 @@ from starlette.responses import PlainTextResponse
 
 COUNTERS: Counter[tuple[str, tuple[tuple[str, str], ...]]] = Counter()
 HELP = {
-    "memory_proxy_turns_total": "Chat turns handled, by strategy and outcome.",
+    "memory_proxy_turns_total": "Chat turns stored, by strategy.",
     "memory_proxy_window_tokens_total": "Estimated tokens sent upstream in windows.",
     "memory_proxy_context_modified_total": (
         "Turns whose window was trimmed, compressed or summarized."

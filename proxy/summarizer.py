@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from proxy import metrics
 from proxy.agents import ResolvedAgent
 from proxy.errors import ProxyError
 from proxy.services import Services
@@ -201,7 +202,10 @@ async def run_plan(
             model=summarizer_model,
             created_at=time.time(),
         )
-        return await store.add_summary(key, record, expect_boundary=expect_boundary)
+        written = await store.add_summary(key, record, expect_boundary=expect_boundary)
+        if written is not None:
+            metrics.inc("memory_proxy_summaries_total", kind=written.kind)
+        return written
     finally:
         if done is not None:
             done.set()

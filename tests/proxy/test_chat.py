@@ -451,3 +451,25 @@ def test_memory_endpoints_need_the_admin_token(proxy, fake):
     assert all(m["tokens"] > 0 for m in data["messages"])
     assert data["totals"]["window_tokens"] == sum(m["tokens"] for m in data["messages"])
     assert view.headers["x-memory-strategy"] == "summarizing_window"
+
+
+def test_metrics_count_turns_tokens_and_errors(proxy, fake):
+    def value(text: str, line: str) -> float:
+        for row in text.splitlines():
+            if row.startswith(line):
+                return float(row.rsplit(" ", 1)[1])
+        return 0.0
+
+    before = httpx.get(f"{proxy.base}/metrics").text
+    proxy.client("helper", "metrics").chat.completions.create(
+        model="gpt-4o", messages=[{"role": "user", "content": "hi"}]
+    )
+    httpx.post(f"{proxy.url('helper', 'metrics')}/chat/completions", content=b"{nope")
+    after = httpx.get(f"{proxy.base}/metrics").text
+    turns = 'memory_proxy_turns_total{strategy="summarizing_window"}'
+    tokens = 'memory_proxy_window_tokens_total{strategy="summarizing_window"}'
+    errors = 'memory_proxy_errors_total{type="invalid_request_error"}'
+    assert value(after, turns) == value(before, turns) + 1
+    assert value(after, tokens) > value(before, tokens)
+    assert value(after, errors) == value(before, errors) + 1
+    assert "# TYPE memory_proxy_turns_total counter" in after
