@@ -11,6 +11,7 @@ Used by the store contract suite, the proxy tests and the crash tests::
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import signal
 import socket
@@ -157,3 +158,15 @@ class RedisServer:
             return "\n".join(self.log_path.read_text().splitlines()[-20:])
         except OSError:
             return "(no log)"
+
+
+def flush_redis(url: str) -> None:
+    """Empty the database behind ``url`` (from synchronous code: a fixture, a test)."""
+    from redis.asyncio import Redis
+
+    async def flush() -> None:
+        client = Redis.from_url(url)
+        await client.flushdb()
+        await client.aclose()
+
+    asyncio.run(flush())

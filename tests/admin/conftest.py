@@ -7,7 +7,7 @@ proxy of the test shares, so two calls make two replicas of one deployment.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,19 +20,6 @@ from proxy.fake_upstream import FakeUpstream
 from proxy.settings import Settings
 
 MakeProxy = Callable[..., Awaitable[InProcessProxy]]
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeUpstream]:
-    with FakeUpstream.running() as upstream:
-        yield upstream
-
-
-@pytest.fixture
-def agents_dir(tmp_path: Path) -> Path:
-    directory = tmp_path / "agents"
-    directory.mkdir()
-    return directory
 
 
 @pytest.fixture

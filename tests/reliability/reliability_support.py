@@ -6,7 +6,6 @@ it they run in a short form that CI affords.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
@@ -17,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from redis.asyncio import Redis
 
 SOAK = os.environ.get("SOAK") == "1"
 REPO = Path(__file__).resolve().parents[2]
@@ -26,15 +24,6 @@ REPO = Path(__file__).resolve().parents[2]
 def scaled(short: int, long: int) -> int:
     """The repetition count: ``long`` under ``SOAK=1``, else ``short``."""
     return long if SOAK else short
-
-
-def flush_redis(url: str) -> None:
-    async def flush() -> None:
-        client = Redis.from_url(url)
-        await client.flushdb()
-        await client.aclose()
-
-    asyncio.run(flush())
 
 
 def report(name: str, **figures: Any) -> None:

@@ -17,8 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 from e2e import ADMIN_TOKEN, CLIENT_KEY, RunningProxy
-from redis_server import RedisServer, free_port
-from reliability_support import ProxyProcess, flush_redis, report, scaled
+from redis_server import RedisServer, flush_redis, free_port
+from reliability_support import ProxyProcess, report, scaled
 
 from proxy.fake_upstream import FakeUpstream
 from proxy.identity import namespace_for
