@@ -28,16 +28,16 @@ def schedule_after_turn(
 ) -> SummarizePlan | None:
     services.remember_credentials(turn.key, headers)
     stubs = turn.window.new_stubs
-    # the session as stored now: with this turn's messages and its compression stubs
-    # membership by identity: dataclass equality would compare every field of every message
-    appended = {id(r) for r in turn.appended}
-    kept = [
-        dataclasses.replace(m, compressed_content=stubs[m.seq]) if m.seq in stubs else m
-        for m in turn.context.messages
-        if m.seq and id(m) not in appended
-    ]
-    messages = [*kept, *turn.appended]
-    messages.sort(key=lambda m: m.seq)
+    # the session as stored now: with this turn's messages and its compression stubs. The
+    # loaded messages come first in the context, in seq order, and every appended seq is
+    # above them (the store appends at its head)
+    loaded = turn.context.messages[: len(turn.context.messages) - len(turn.new_messages)]
+    if stubs:
+        loaded = [
+            dataclasses.replace(m, compressed_content=stubs[m.seq]) if m.seq in stubs else m
+            for m in loaded
+        ]
+    messages = [*loaded, *turn.appended]
     calibration = result.meta.calibration or turn.context.calibration
     context = dataclasses.replace(
         turn.context,

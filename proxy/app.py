@@ -13,10 +13,11 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
+from starlette.types import Receive, Scope, Send
 
 from proxy import model_info
 from proxy.agents import AgentRegistry
-from proxy.chat import chat_completions, forwarded_headers
+from proxy.chat import chat_app, chat_path_params, forwarded_headers
 from proxy.compact import compact_session
 from proxy.errors import ProxyError
 from proxy.memory_api import list_sessions, session_memory
@@ -30,6 +31,7 @@ from proxy.responses import (
 from proxy.services import Services
 from proxy.session_admin import PATH as SESSION_PATH
 from proxy.session_admin import delete_session
+from proxy.session_cache import SessionCache
 from proxy.settings import Settings
 from proxy.summarizer import CallBudget
 from proxy.upstream.base import Upstream
@@ -87,7 +89,7 @@ async def ready(request: Request) -> Response:
 
 async def models(request: Request) -> Response:
     services: Services = request.app.state.services
-    response = await services.upstream.models(forwarded_headers(request))
+    response = await services.upstream.models(forwarded_headers(request.headers))
     return Response(
         response.body,
         status_code=response.status_code,
@@ -107,7 +109,7 @@ def routes() -> list[BaseRoute]:
         "/agents/{agent}/v1/models",
         "/agents/{agent}/sessions/{session}/v1/models",
     ]
-    found: list[BaseRoute] = [Route(p, chat_completions, methods=["POST"]) for p in chat_paths]
+    found: list[BaseRoute] = [Route(p, chat_app, methods=["POST"]) for p in chat_paths]
     found += [Route(p, models, methods=["GET"]) for p in model_paths]
     found += [
         Route("/health", health, methods=["GET"]),
@@ -130,6 +132,25 @@ def routes() -> list[BaseRoute]:
     return found
 
 
+class ProxyApp(Starlette):
+    """The app: chat completion requests go straight to ``chat_app`` (no routing table, no
+    middleware: the hot path), everything else through Starlette."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            path = scope["path"]
+            root = scope.get("root_path", "")
+            if root and path.startswith(root):
+                path = path[len(root) :]
+            params = chat_path_params(path)
+            if params is not None:
+                scope["app"] = self
+                scope["path_params"] = params
+                await chat_app(scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
+
+
 def create_app(
     settings: Settings | None = None,
     *,
@@ -146,6 +167,7 @@ def create_app(
         mapper=load_mapper(settings.mapper),
         part_reader=load_part_reader(settings.part_reader, store),
         summarizer_budget=CallBudget(settings.summarizer_calls_per_hour),
+        sessions=SessionCache(settings.session_cache_messages),
     )
 
     @contextlib.asynccontextmanager
@@ -167,6 +189,6 @@ def create_app(
         HTTPException: http_error_handler,
         Exception: unexpected_error_handler,
     }
-    app = Starlette(routes=routes(), lifespan=lifespan, exception_handlers=handlers)
+    app = ProxyApp(routes=routes(), lifespan=lifespan, exception_handlers=handlers)
     app.state.services = services
     return app

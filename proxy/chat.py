@@ -3,21 +3,28 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import orjson
-from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
-from starlette.types import Receive
 
 from proxy import fetch_tool, history_sync, metrics
 from proxy.after_turn import schedule_after_turn
+from proxy.asgi import (
+    BodyReply,
+    ChatCall,
+    Receive,
+    Scope,
+    Send,
+    StreamReply,
+    send_error,
+    send_server_error,
+)
 from proxy.disconnect import unless_disconnected
 from proxy.errors import BadRequest, ProxyError, UpstreamError
 from proxy.fetch_stream import FetchStream
 from proxy.identity import client_key, identify
-from proxy.requests import parse_json_object, read_body
+from proxy.requests import parse_json_object
 from proxy.services import Services
 from proxy.streaming import ReplyAccumulator
 from proxy.turns import Turn, persist_turn, prepare_turn
@@ -41,8 +48,7 @@ DONE = b"data: [DONE]\n\n"
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
-def forwarded_headers(request: Request) -> dict[str, str]:
-    headers = request.headers
+def forwarded_headers(headers: Mapping[str, str]) -> dict[str, str]:
     return {name: headers[name] for name in FORWARDED_HEADERS if name in headers}
 
 
@@ -64,28 +70,66 @@ def error_event(exc: ProxyError) -> bytes:
     return b"data: " + exc.body() + b"\n\n"
 
 
-async def chat_completions(request: Request) -> Response:
-    services: Services = request.app.state.services
-    raw = await read_body(request, services.settings.max_body_bytes)
+CHAT_SUFFIX = "/v1/chat/completions"
+
+
+def chat_path_params(path: str) -> dict[str, str] | None:
+    """The path parameters of a chat completion path, None for any other path (the same
+    paths, and the same ``[^/]+`` parameters, as the routes in proxy/app.py)."""
+    if path == CHAT_SUFFIX or path == "/chat/completions":
+        return {}
+    if path.startswith("/agents/") and path.endswith(CHAT_SUFFIX):
+        parts = path[len("/agents/") : -len(CHAT_SUFFIX)].split("/")
+        if len(parts) == 1 and parts[0]:
+            return {"agent": parts[0]}
+        if len(parts) == 3 and parts[0] and parts[1] == "sessions" and parts[2]:
+            return {"agent": parts[0], "session": parts[2]}
+    return None
+
+
+class ChatApp:
+    """``POST .../chat/completions`` as a plain ASGI app (see proxy/asgi.py). An instance,
+    not a function, so that a Starlette ``Route`` also runs it as ASGI."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        services: Services = scope["app"].state.services
+        try:
+            reply = await chat_completions(services, ChatCall.from_scope(scope, receive))
+        except ProxyError as exc:
+            await send_error(send, exc)
+            return
+        except Exception:
+            logger.exception("unexpected error on POST %s", scope.get("path"))
+            await send_server_error(send)
+            return
+        await reply.send(send, receive)
+
+
+chat_app = ChatApp()
+
+
+async def chat_completions(services: Services, call: ChatCall) -> BodyReply | StreamReply:
+    raw = await call.body(services.settings.max_body_bytes)
     body = parse_json_object(raw)
     messages = history_sync.validate_messages(body.get("messages"))
     if "stream" in body and not isinstance(body["stream"], bool):
         raise BadRequest("'stream' must be a boolean", param="stream")
     streaming = body.get("stream") is True
-    headers = forwarded_headers(request)
+    request_headers = call.headers
+    headers = forwarded_headers(request_headers)
 
-    if request.headers.get("x-memory", "").lower() == "off":
+    if request_headers.get("x-memory", "").lower() == "off":
         return await forward(
             services, UpstreamRequest(upstream_body(body, None), headers), streaming, None,
-            receive=request.receive,
+            receive=call.receive,
         )
 
     system, conversation = history_sync.split_system(messages)
     identity = identify(
-        path_params=request.path_params,
-        headers=request.headers,
+        path_params=call.path_params,
+        headers=request_headers,
         body=body,
-        api_key=client_key(request.headers),
+        api_key=client_key(request_headers),
         system=system,
         conversation=conversation,
     )
@@ -95,8 +139,8 @@ async def chat_completions(request: Request) -> Response:
         body=body,
         system=system,
         conversation=conversation,
-        history_header=request.headers.get("x-memory-history"),
-        retry=history_sync.RetryHint.from_headers(request.headers),
+        history_header=request_headers.get("x-memory-history"),
+        retry=history_sync.RetryHint.from_headers(request_headers),
     )
     out = upstream_body(body, turn.messages)
     fetch = fetch_tool.offer(out, turn.agent)
@@ -109,7 +153,7 @@ async def chat_completions(request: Request) -> Response:
         out["stream_options"] = {**asked, "include_usage": True}
     return await forward(
         services, UpstreamRequest(out, headers), streaming, turn,
-        client_wants_usage=client_wants_usage, fetch=fetch, receive=request.receive,
+        client_wants_usage=client_wants_usage, fetch=fetch, receive=call.receive,
     )
 
 
@@ -122,7 +166,7 @@ async def forward(
     client_wants_usage: bool = True,
     fetch: bool = False,
     receive: Receive | None = None,
-) -> Response:
+) -> BodyReply | StreamReply:
     """With ``receive``, a client that disconnects while the upstream is still thinking
     cancels the call (nothing is stored)."""
     extra = turn.headers if turn is not None else {}
@@ -143,20 +187,14 @@ async def forward(
                 await finish_turn(
                     services, turn, accumulator, upstream_request.headers, usage=usage
                 )
-        return Response(
-            response.body,
-            status_code=response.status_code,
-            media_type="application/json",
-            headers=extra,
-        )
+        return BodyReply(response.status_code, response.body, extra)
 
     stream = await unless_disconnected(receive, services.upstream.chat_stream(upstream_request))
     if fetch and turn is not None:
         stream = FetchStream(services, turn.key, upstream_request, stream)
-    return StreamingResponse(
+    return StreamReply(
         relay(services, stream, turn, client_wants_usage, upstream_request.headers),
-        media_type="text/event-stream",
-        headers={**SSE_HEADERS, **extra},
+        {**SSE_HEADERS, **extra},
     )
 
 
@@ -214,6 +252,6 @@ async def finish_turn(
     kind = turn.agent.config.kind
     metrics.inc("memory_proxy_turns_total", strategy=kind)
     metrics.inc("memory_proxy_window_tokens_total", turn.window.tokens, strategy=kind)
-    if turn.window.modified:
+    if turn.modified:
         metrics.inc("memory_proxy_context_modified_total", strategy=kind)
     schedule_after_turn(services, turn, result, headers)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.agents import AgentRegistry
+from proxy.session_cache import SessionCache
 from proxy.settings import Settings
 from proxy.upstream.base import Upstream
 from storage.base import Store
@@ -37,6 +38,8 @@ class Services:
     # the last upstream headers per session, in memory only, for background summaries
     credentials: OrderedDict[SessionKey, dict[str, str]] = field(default_factory=OrderedDict)
     summarizer_budget: Any = None
+    # sessions kept decoded between turns
+    sessions: SessionCache = field(default_factory=lambda: SessionCache(0))
     started: bool = False
 
     def remember_credentials(self, key: SessionKey, headers: dict[str, str]) -> None:

@@ -61,6 +61,8 @@ class Turn:
     window: Window
     messages: list[dict[str, Any]]
     extra_tokens: int = 0
+    # window.modified, computed once (it looks at every item)
+    modified: bool = False
     # the records written by persist_turn, with their assigned seqs
     appended: list[StoredMessage] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
@@ -72,7 +74,7 @@ class Turn:
             "x-memory-session": self.identity.session,
             "x-memory-strategy": self.agent.config.kind,
             "x-memory-window-tokens": str(self.window.tokens),
-            "x-memory-context-modified": "true" if self.window.modified else "false",
+            "x-memory-context-modified": "true" if self.modified else "false",
         }
 
 
@@ -115,21 +117,32 @@ async def load_snapshot(
     changed the strategy's load spec (an admin edit seen for the first time here)."""
     strategy = get_strategy(agent.config.kind)
     spec = strategy.load_spec(agent.config)
-    try:
-        snapshot = await services.store.load(key, spec, probe=probe)
-    except StoreUnavailable as exc:
-        raise StoreUnavailableError(f"memory store unavailable: {exc}") from exc
+    snapshot = await load_session(services, key, spec, probe)
     if snapshot.agent_config != services.overrides.get(key.agent):
         services.overrides[key.agent] = snapshot.agent_config
         agent = services.agents.resolve(key.agent, snapshot.agent_config)
         strategy = get_strategy(agent.config.kind)
         new_spec = strategy.load_spec(agent.config)
         if new_spec != spec:
-            try:
-                snapshot = await services.store.load(key, new_spec, probe=probe)
-            except StoreUnavailable as exc:
-                raise StoreUnavailableError(f"memory store unavailable: {exc}") from exc
+            snapshot = await load_session(services, key, new_spec, probe)
     return agent, strategy, snapshot
+
+
+async def load_session(
+    services: Services, key: SessionKey, spec: LoadSpec, probe: list[str]
+) -> SessionSnapshot:
+    """``Store.load`` through the process's session cache: when the session is unchanged
+    since this process last held it, only its head is read."""
+    cache = services.sessions
+    try:
+        known = cache.known_version(key, spec)
+        snapshot = await services.store.load(key, spec, probe=probe, known_version=known)
+        if not cache.fill(key, spec, snapshot):
+            snapshot = await services.store.load(key, spec, probe=probe)
+            cache.fill(key, spec, snapshot)
+    except StoreUnavailable as exc:
+        raise StoreUnavailableError(f"memory store unavailable: {exc}") from exc
+    return snapshot
 
 
 async def wait_for_compaction(services: Services, key: SessionKey) -> None:
@@ -252,6 +265,7 @@ async def prepare_turn(
         window=window,
         messages=rendered,
         extra_tokens=extra_tokens,
+        modified=window.modified,
     )
 
 
@@ -355,9 +369,10 @@ async def persist_turn(
         record.seq = 0
     if reply is not None:
         completion = (usage or {}).get("completion_tokens")
-        tokens = count_message(reply, turn.model)
         if isinstance(completion, int) and completion > 0 and not reply.get("tool_calls"):
-            tokens = completion + 3
+            tokens = completion + 3  # the upstream's own count: no need to tokenize
+        else:
+            tokens = count_message(reply, turn.model)
         records.append(
             StoredMessage(
                 role="assistant",
@@ -391,4 +406,14 @@ async def persist_turn(
     for record, seq in zip(records, result.seqs, strict=False):
         record.seq = seq
     turn.appended = records
+    if not turn.sync.rewind:
+        services.sessions.after_append(
+            turn.key,
+            turn.strategy.load_spec(turn.agent.config),
+            turn.snapshot,
+            records,
+            write.compressed,
+            result.meta.version,
+            result.meta.head_chain,
+        )
     return result

@@ -40,7 +40,12 @@ class Store(Protocol):
         """True when the backend answers."""
 
     async def load(
-        self, key: SessionKey, spec: LoadSpec, *, probe: Sequence[str] = ()
+        self,
+        key: SessionKey,
+        spec: LoadSpec,
+        *,
+        probe: Sequence[str] = (),
+        known_version: int | None = None,
     ) -> SessionSnapshot:
         """Read one turn's worth of a session in one round trip.
 
@@ -50,6 +55,11 @@ class Store(Protocol):
         client's resent messages in order; ``matched`` is the length of the longest prefix
         of ``probe`` whose last chain is an active message's chain, ``matched_seq`` that
         message's seq. A missing session yields an empty snapshot with ``exists=False``.
+
+        When the session's ``meta.version`` equals ``known_version``, messages and
+        summaries are not read: the snapshot has ``unchanged=True`` and empty lists (meta,
+        config and probe are read as always). Every write to a session's messages or
+        summaries changes its version.
         """
 
     async def append_turn(self, key: SessionKey, write: TurnWrite) -> AppendResult:

@@ -111,18 +111,24 @@ class RedisStore:
             return False
 
     async def load(
-        self, key: SessionKey, spec: LoadSpec, *, probe: Sequence[str] = ()
+        self,
+        key: SessionKey,
+        spec: LoadSpec,
+        *,
+        probe: Sequence[str] = (),
+        known_version: int | None = None,
     ) -> SessionSnapshot:
+        known = "" if known_version is None else known_version
         found, config = await self._run(
             LOAD,
             _keys(key, "meta", "msgs", "active", "stubs", "summaries"),
-            [spec.limit, spec.since, *probe],
+            [spec.limit, spec.since, known, *probe],
             lambda pipe: pipe.get(_agent_config_key(key.agent)),
         )
         agent_config = orjson.loads(config) if config else None
         if len(found) == 1:
             return SessionSnapshot(SessionMeta(), [], [], agent_config=agent_config)
-        meta, messages, stubs, summaries, matched, matched_seq = found
+        meta, messages, stubs, summaries, matched, matched_seq, unchanged = found
         return SessionSnapshot(
             meta=_decode_meta(meta),
             messages=_decode_array(messages, stubs),
@@ -131,6 +137,7 @@ class RedisStore:
             matched_seq=matched_seq,
             agent_config=agent_config,
             exists=True,
+            unchanged=bool(unchanged),
         )
 
     async def append_turn(self, key: SessionKey, write: TurnWrite) -> AppendResult:
@@ -179,7 +186,7 @@ class RedisStore:
         args: list[Any] = []
         for seq, stub in stubs.items():
             args += (seq, stub or "")
-        await self._run(COMPRESS, _keys(key, "msgs", "stubs"), args)
+        await self._run(COMPRESS, _keys(key, "msgs", "stubs", "meta"), args)
 
     async def add_summary(
         self, key: SessionKey, summary: SummaryRecord, *, expect_boundary: int | None = None
@@ -469,4 +476,5 @@ def _decode_meta(flat: Sequence[bytes]) -> SessionMeta:
         model=raw.get(b"model", b"").decode(),
         created_at=float(raw.get(b"created_at", 0.0)),
         updated_at=float(raw.get(b"updated_at", 0.0)),
+        version=int(raw.get(b"version", 0)),
     )

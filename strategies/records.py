@@ -15,6 +15,11 @@ SummaryKind = Literal["summary", "compaction"]
 LoadSince = Literal["all", "boundary", "turn"]
 
 
+def first_version(now: float) -> int:
+    """The version a new session starts from (see ``SessionMeta.version``)."""
+    return int(now * 1_000_000) * 1000
+
+
 def chain_hash(previous: str, fingerprint: str) -> str:
     """Hash of a message's position in the active log: sha1(previous chain + fingerprint).
 
@@ -119,7 +124,14 @@ class SummaryRecord:
 
 @dataclass(slots=True)
 class SessionMeta:
-    """Per-session bookkeeping kept next to the log and updated by every append."""
+    """Per-session bookkeeping kept next to the log and updated by every append.
+
+    ``version`` changes with every write to the session's messages or summaries (append,
+    compression stubs, summaries); it starts from the creation time in microseconds x 1000,
+    so a session deleted and created again does not reuse the versions of the old one. A
+    process that holds a session decoded may skip reading it again while it is unchanged
+    (``Store.load(known_version=...)``).
+    """
 
     head_seq: int = 0
     active_count: int = 0
@@ -132,6 +144,7 @@ class SessionMeta:
     model: str = ""
     created_at: float = 0.0
     updated_at: float = 0.0
+    version: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -164,6 +177,9 @@ class SessionSnapshot:
     matched_seq: int = 0
     agent_config: dict[str, Any] | None = None
     exists: bool = False
+    # the session's version equals the ``known_version`` the caller passed: messages and
+    # summaries were not read (they are empty here; the caller holds them)
+    unchanged: bool = False
 
 
 @dataclass(slots=True)

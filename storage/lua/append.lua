@@ -10,6 +10,13 @@ local now, count = ARGV[1], tonumber(ARGV[2])
 local after, upto = ARGV[3], ARGV[4]
 local nfields = tonumber(ARGV[5])
 
+if redis.call('HEXISTS', meta, 'version') == 0 then
+  -- a new session (or one stored before versions): start from the time (see records.py)
+  local time = redis.call('TIME')
+  redis.call('HSET', meta, 'version', time[1] .. string.format('%06d', tonumber(time[2])) .. '000')
+end
+redis.call('HINCRBY', meta, 'version', 1)
+
 local state = redis.call('HMGET', meta, 'head_seq', 'head_chain', 'last_user_seq')
 local head = tonumber(state[1] or '0')
 local chain = state[2] or ''

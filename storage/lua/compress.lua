@@ -1,4 +1,4 @@
--- Set or clear ('' ) compressed stubs. KEYS: msgs, stubs. ARGV: (seq, stub) pairs.
+-- Set or clear ('' ) compressed stubs. KEYS: msgs, stubs, meta. ARGV: (seq, stub) pairs.
 for i = 1, #ARGV, 2 do
   if redis.call('HEXISTS', KEYS[1], ARGV[i]) == 1 then
     if ARGV[i + 1] == '' then
@@ -8,4 +8,5 @@ for i = 1, #ARGV, 2 do
     end
   end
 end
+if redis.call('EXISTS', KEYS[3]) == 1 then redis.call('HINCRBY', KEYS[3], 'version', 1) end
 return #ARGV / 2

@@ -1,9 +1,11 @@
 -- One turn's read. KEYS: meta, msgs, active, stubs, summaries
--- ARGV: limit, since (all|boundary|turn), probe chain hashes...
+-- ARGV: limit, since (all|boundary|turn), known version ('' = none), probe chain hashes...
 -- Returns {meta, messages (JSON array), stubs ({seq, stub, ...}), summaries, matched,
--- matched_seq}; {meta} when the session is missing.
+-- matched_seq, unchanged}; {meta} when the session is missing. unchanged is 1 when the
+-- session's version is the known one: messages and summaries are then not read.
 local meta = redis.call('HGETALL', KEYS[1])
 if #meta == 0 then return {meta} end
+local PROBE = 4
 
 local limit = tonumber(ARGV[1])
 local since = ARGV[2]
@@ -13,6 +15,11 @@ if since == 'boundary' then
 elseif since == 'turn' then
   local last_user = redis.call('HGET', KEYS[1], 'last_user_seq') or '0'
   if last_user ~= '0' then low = last_user end
+end
+
+local unchanged = 0
+if ARGV[3] ~= '' and redis.call('HGET', KEYS[1], 'version') == ARGV[3] then
+  unchanged, limit = 1, 0
 end
 
 local seqs = {}
@@ -27,10 +34,10 @@ if #seqs > 0 then messages = json_array(hmget(KEYS[2], seqs)) end
 -- an active chain. A resent history usually matches near its end: search backwards in
 -- growing chunks.
 local matched, matched_seq = 0, 0
-local hi, size = #ARGV - 2, 8
+local hi, size = #ARGV - PROBE + 1, 8
 while hi > 0 and matched == 0 do
   local lo = math.max(1, hi - size + 1)
-  local found = redis.call('ZMSCORE', KEYS[3], unpack(ARGV, lo + 2, hi + 2))
+  local found = redis.call('ZMSCORE', KEYS[3], unpack(ARGV, lo + PROBE - 1, hi + PROBE - 1))
   for i = #found, 1, -1 do
     if found[i] then
       matched, matched_seq = lo + i - 1, tonumber(found[i])
@@ -40,4 +47,6 @@ while hi > 0 and matched == 0 do
   hi, size = lo - 1, math.min(size * 8, 1000)
 end
 
-return {meta, messages, stubs_of(KEYS[4], seqs), redis.call('LRANGE', KEYS[5], 0, -1), matched, matched_seq}
+local summaries = {}
+if unchanged == 0 then summaries = redis.call('LRANGE', KEYS[5], 0, -1) end
+return {meta, messages, stubs_of(KEYS[4], seqs), summaries, matched, matched_seq, unchanged}

@@ -1,0 +1,150 @@
+"""Sessions this process served recently, kept decoded between turns.
+
+A turn's load passes the cached version (``Store.load(known_version=...)``); while nobody
+else wrote to the session the store answers with the head only and the turn reuses the
+messages it holds, so a turn costs the same whatever the stored history. The proxy's own
+turn writes are applied to the cached copy when the store reports that no other write came
+in between (the version moved by exactly one); anything else (another replica, a rewind,
+a background summary or compaction, an admin edit) moves the version further, and the next
+load reads the session again. Cached messages are shared between turns and never mutated:
+a change is a new record (``dataclasses.replace``).
+
+Bounded by the number of cached messages (``MEMORY_PROXY_SESSION_CACHE_MESSAGES``), least
+recently used first out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from strategies.records import (
+    LoadSpec,
+    SessionKey,
+    SessionSnapshot,
+    StoredMessage,
+    SummaryRecord,
+    chain_hash,
+)
+
+__all__ = ["CachedSession", "SessionCache"]
+
+
+@dataclass(frozen=True, slots=True)
+class CachedSession:
+    """What ``Store.load(key, spec)`` returned at ``version``."""
+
+    version: int
+    messages: tuple[StoredMessage, ...]
+    summaries: tuple[SummaryRecord, ...]
+
+
+class SessionCache:
+    def __init__(self, max_messages: int) -> None:
+        self.max_messages = max_messages
+        self._entries: OrderedDict[tuple[SessionKey, LoadSpec], CachedSession] = OrderedDict()
+        self._size = 0
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def size(self) -> int:
+        """Messages held across every cached session."""
+        return self._size
+
+    def known_version(self, key: SessionKey, spec: LoadSpec) -> int | None:
+        entry = self._entries.get((key, spec))
+        return entry.version if entry is not None else None
+
+    def fill(self, key: SessionKey, spec: LoadSpec, snapshot: SessionSnapshot) -> bool:
+        """After a load: complete an unchanged snapshot from the cache, or cache a full one.
+        False when an unchanged snapshot's entry left the cache during the load: the
+        caller loads again without a known version."""
+        slot = (key, spec)
+        if snapshot.unchanged:
+            entry = self._entries.get(slot)
+            if entry is None or entry.version != snapshot.meta.version:
+                return False
+            self._entries.move_to_end(slot)
+            self.hits += 1
+            snapshot.messages = list(entry.messages)
+            snapshot.summaries = list(entry.summaries)
+            snapshot.unchanged = False
+            return True
+        self.misses += 1
+        if snapshot.exists:
+            self._put(slot, CachedSession(
+                snapshot.meta.version, tuple(snapshot.messages), tuple(snapshot.summaries)
+            ))  # fmt: skip
+        else:
+            self._drop(slot)
+        return True
+
+    def after_append(
+        self,
+        key: SessionKey,
+        spec: LoadSpec,
+        loaded: SessionSnapshot,
+        appended: list[StoredMessage],
+        stubs: dict[int, str | None] | None,
+        version: int,
+        head_chain: str,
+    ) -> None:
+        """Apply the proxy's own turn write to the session as ``loaded`` (before the write):
+        ``appended`` with their assigned seqs, ``stubs`` set on older messages. Kept only
+        when the write was the only one since the load (``version`` is one past
+        ``loaded``'s) and the chain the store computed is the one computed here."""
+        slot = (key, spec)
+        if spec.since == "turn":
+            return  # its start moves with every user message: not worth following
+        if not loaded.exists or version != loaded.meta.version + 1:
+            return
+        chain, chains = loaded.meta.head_chain, []
+        for record in appended:
+            chain = chain_hash(chain, record.fingerprint)
+            chains.append(chain)
+        if chain != head_chain:
+            self._drop(slot)
+            return
+        # the records are the turn's own, finished with: they take the fields the store
+        # assigned, as a load would return them
+        for record, chain in zip(appended, chains, strict=True):
+            record.chain = chain
+            record.compressed_content = record.compressed_content or None
+        kept = loaded.messages
+        if stubs:
+            kept = [
+                dataclasses.replace(m, compressed_content=stubs[m.seq] or None)
+                if m.seq in stubs else m
+                for m in kept
+            ]  # fmt: skip
+        messages = (*kept, *appended)
+        if len(messages) > spec.limit:
+            messages = messages[len(messages) - spec.limit :] if spec.limit > 0 else ()
+        current = self._entries.get(slot)
+        if current is not None and current.version > version:
+            return  # a later turn of this session already cached a newer state
+        self._put(slot, CachedSession(version, messages, tuple(loaded.summaries)))
+
+    def drop_session(self, key: SessionKey) -> None:
+        for slot in [s for s in self._entries if s[0] == key]:
+            self._drop(slot)
+
+    def _put(self, slot: tuple[SessionKey, LoadSpec], entry: CachedSession) -> None:
+        self._drop(slot)
+        if slot[1].since == "turn" or len(entry.messages) > self.max_messages:
+            return
+        self._entries[slot] = entry
+        self._size += len(entry.messages)
+        while self._size > self.max_messages:
+            _, oldest = self._entries.popitem(last=False)
+            self._size -= len(oldest.messages)
+
+    def _drop(self, slot: tuple[SessionKey, LoadSpec]) -> None:
+        entry = self._entries.pop(slot, None)
+        if entry is not None:
+            self._size -= len(entry.messages)

@@ -1,0 +1,199 @@
+"""The session cache: turns after the first reuse the decoded session, and what they send
+and store is exactly what a proxy without the cache sends and stores."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+
+from e2e import RunningProxy, write_agent
+from summarizing_support import MODEL, sized
+
+from proxy.fake_upstream import Reply
+from proxy.session_cache import SessionCache
+from strategies.records import (
+    LoadSpec,
+    SessionKey,
+    SessionSnapshot,
+    StoredMessage,
+    TurnWrite,
+)
+
+LOOKUP = {"name": "lookup", "description": "Look a thing up.",
+          "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}
+
+
+def conversation(proxy: RunningProxy, fake, session: str, *, agent: str = "cached") -> None:
+    """Text turns, tool round trips with results large enough to be compressed, a streamed
+    turn: every kind of write a turn makes."""
+    client = proxy.client(agent, session)
+    tools = [{"type": "function", "function": LOOKUP}]
+    fake.queue(Reply.text("first answer"))
+    client.chat.completions.create(model=MODEL, messages=[
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "one"}])
+    for n in range(5):
+        fake.queue(Reply.tool_calls([{"id": f"call_{n}", "name": "lookup",
+                                      "arguments": {"q": str(n)}}]))
+        client.chat.completions.create(model=MODEL, tools=tools,
+                                       messages=[{"role": "user", "content": f"look {n} up"}])
+        fake.queue(Reply.text(f"found {n}"))
+        client.chat.completions.create(model=MODEL, tools=tools, messages=[
+            {"role": "tool", "tool_call_id": f"call_{n}", "content": sized(f"r{n}", 700)}])
+    fake.queue(Reply.text("streamed answer"))
+    stream = client.chat.completions.create(
+        model=MODEL, stream=True, messages=[{"role": "user", "content": "and y?"}])
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    fake.queue(Reply.text("last answer"))
+    client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "thanks"}])
+    proxy.drain()
+
+
+def sent(fake, start: int = 0) -> list[list[dict]]:
+    return [json.loads(json.dumps(r.body["messages"])) for r in fake.chat_requests[start:]]
+
+
+def cached_entries(proxy: RunningProxy) -> list[tuple[SessionKey, LoadSpec, object]]:
+    cache = proxy.services.sessions
+    return [(key, spec, entry) for (key, spec), entry in cache._entries.items()]
+
+
+def test_a_cached_session_is_what_a_fresh_load_returns(make_proxy, fake, agents_dir):
+    write_agent(agents_dir, "cached", llm={"model": MODEL, "contextWindow": 4000})
+    proxy = make_proxy()
+    conversation(proxy, fake, "s1")
+
+    entries = cached_entries(proxy)
+    assert entries, "the session was not cached"
+    for key, spec, entry in entries:
+        fresh: SessionSnapshot = proxy.call(proxy.services.store.load(key, spec))
+        assert entry.version == fresh.meta.version
+        assert list(entry.messages) == fresh.messages
+        assert list(entry.summaries) == fresh.summaries
+    # the large tool result was compressed, and the cached copy knows it
+    assert any(m.compressed_content for _, _, e in entries for m in e.messages)
+
+
+def test_turns_after_the_first_are_served_from_the_cache(make_proxy, fake, agents_dir):
+    write_agent(agents_dir, "cached", llm={"model": MODEL, "contextWindow": 4000})
+    proxy = make_proxy()
+    conversation(proxy, fake, "s1")
+
+    cache = proxy.services.sessions
+    # 13 turns: a new session is read in full on its first two turns (the first write of a
+    # session has no version before it to follow), every later turn reads only the head
+    assert (cache.misses, cache.hits) == (2, 11)
+
+
+def test_with_and_without_the_cache_the_upstream_sees_the_same_windows(
+    make_proxy, fake, agents_dir
+):
+    write_agent(agents_dir, "cached", llm={"model": MODEL, "contextWindow": 4000})
+    cached = make_proxy()
+    conversation(cached, fake, "with")
+    with_cache = sent(fake)
+    uncached = make_proxy(session_cache_messages=0)
+    conversation(uncached, fake, "without")
+
+    assert uncached.services.sessions.hits == 0
+    assert sent(fake, len(with_cache)) == with_cache
+    with_rows = [(m.role, m.content, m.compressed_content) for m in cached.stored("cached", "with")]
+    without_rows = [
+        (m.role, m.content, m.compressed_content) for m in uncached.stored("cached", "without")
+    ]
+    assert with_rows == without_rows
+
+
+def test_a_write_by_another_replica_is_seen_on_the_next_turn(make_proxy, fake):
+    first, second = make_proxy(), make_proxy()
+    one, two = first.client("shared", "s1"), second.client("shared", "s1")
+    fake.queue(Reply.text("a1"), Reply.text("a2"), Reply.text("a3"))
+    one.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "q1"}])
+    two.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "q2"}])
+    one.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "q3"}])
+
+    assert [m["content"] for m in sent(fake)[-1]] == ["q1", "a1", "q2", "a2", "q3"]
+
+
+def test_a_write_straight_to_the_store_is_seen_on_the_next_turn(proxy, fake):
+    client = proxy.client("direct", "s1")
+    fake.queue(Reply.text("a1"), Reply.text("a2"))
+    client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "q1"}])
+    key = proxy.key("direct", "s1")
+    proxy.call(proxy.services.store.set_compressed(key, {2: "[answer elided]"}))
+
+    client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "q2"}])
+
+    assert [m["content"] for m in sent(fake)[-1]] == ["q1", "[answer elided]", "q2"]
+
+
+def test_concurrent_turns_of_one_session_lose_nothing(proxy, fake):
+    async def turns() -> None:
+        import openai
+
+        client = openai.AsyncOpenAI(base_url=proxy.url("busy", "s1"), api_key="sk-test-busy",
+                                    max_retries=0, timeout=20)
+        await asyncio.gather(*(
+            client.chat.completions.create(
+                model="gpt-4o-mini", messages=[{"role": "user", "content": f"q{i}"}])
+            for i in range(8)
+        ))  # fmt: skip
+        await client.chat.completions.create(
+            model="gpt-4o-mini", messages=[{"role": "user", "content": "last"}])
+        await client.close()
+
+    asyncio.run(turns())
+
+    last = sent(fake)[-1]
+    assert sorted(m["content"] for m in last if m["role"] == "user") == sorted(
+        [f"q{i}" for i in range(8)] + ["last"]
+    )
+    assert len(last) == 17
+
+
+def record(seq: int, text: str = "x") -> StoredMessage:
+    fp = hashlib.sha1(text.encode()).hexdigest()
+    return StoredMessage(role="user", content=text, fingerprint=fp, seq=seq)
+
+
+def snapshot(version: int, count: int) -> SessionSnapshot:
+    from strategies.records import SessionMeta
+
+    return SessionSnapshot(SessionMeta(head_seq=count, version=version),
+                           [record(i + 1) for i in range(count)], [], exists=True)
+
+
+def test_the_cache_holds_at_most_its_message_bound_dropping_the_least_recent():
+    cache = SessionCache(max_messages=10)
+    spec = LoadSpec(limit=500)
+    keys = [SessionKey("ns", "a", f"s{i}") for i in range(3)]
+    for key in keys:
+        cache.fill(key, spec, snapshot(1, 4))
+        assert cache.size <= 10
+    assert cache.known_version(keys[0], spec) is None
+    assert cache.known_version(keys[2], spec) == 1
+    assert cache.size == 8
+
+
+def test_a_session_larger_than_the_bound_is_not_cached():
+    cache = SessionCache(max_messages=3)
+    key, spec = SessionKey("ns", "a", "s"), LoadSpec(limit=500)
+    cache.fill(key, spec, snapshot(1, 4))
+    assert cache.known_version(key, spec) is None and cache.size == 0
+
+
+def test_an_append_after_another_write_is_not_applied_to_the_cache():
+    cache = SessionCache(max_messages=100)
+    key, spec = SessionKey("ns", "a", "s"), LoadSpec(limit=500)
+    loaded = snapshot(5, 2)
+    cache.fill(key, spec, loaded)
+    cache.after_append(key, spec, loaded, [record(4, "late")], None, 7, "irrelevant")
+    assert cache.known_version(key, spec) == 5
+
+
+def test_unused_write_fields_keep_their_defaults():
+    # guards after_append: a TurnWrite field added later must be considered there
+    assert set(TurnWrite.__dataclass_fields__) == {
+        "messages", "supersede_after", "supersede_until", "system_prompt", "system_tokens",
+        "model", "calibration", "compressed",
+    }

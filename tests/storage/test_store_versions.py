@@ -1,0 +1,107 @@
+"""Session versions: every write to a session's messages or summaries changes
+``meta.version``, and a load that already knows the current version reads only the head.
+Runs against every backend (see ``conftest.store``)."""
+
+from __future__ import annotations
+
+import hashlib
+
+from storage.base import Store
+from strategies.records import LoadSpec, SessionKey, StoredMessage, SummaryRecord, TurnWrite
+
+KEY = SessionKey("ns-1", "agent-a", "session-1")
+SPEC = LoadSpec(limit=100)
+
+
+def message(role: str, text: str) -> StoredMessage:
+    fingerprint = hashlib.sha1(f"{role}:{text}".encode()).hexdigest()
+    return StoredMessage(role=role, content=text, tokens=len(text), fingerprint=fingerprint)  # type: ignore[arg-type]
+
+
+async def turn(store: Store, index: int, **write: object) -> int:
+    pair = [message("user", f"question {index}"), message("assistant", f"answer {index}")]
+    result = await store.append_turn(KEY, TurnWrite(pair, **write))  # type: ignore[arg-type]
+    return result.meta.version
+
+
+async def version(store: Store) -> int:
+    return (await store.load(KEY, LoadSpec(limit=0))).meta.version
+
+
+async def test_every_write_to_messages_or_summaries_moves_the_version_forward(
+    store: Store,
+) -> None:
+    seen = [await turn(store, 0)]
+    seen.append(await turn(store, 1))
+    await store.set_compressed(KEY, {2: "[stub]"})
+    seen.append(await version(store))
+    await store.add_summary(KEY, SummaryRecord("summary", "so far", 1, 2))
+    seen.append(await version(store))
+    await store.add_summary(KEY, SummaryRecord("compaction", "so far", 1, 2))
+    seen.append(await version(store))
+    seen.append(await turn(store, 2, supersede_after=2))
+
+    assert seen == sorted(seen)
+    assert len(set(seen)) == len(seen)
+
+
+async def test_append_result_reports_the_version_a_load_then_sees(store: Store) -> None:
+    reported = await turn(store, 0)
+
+    assert reported == await version(store)
+
+
+async def test_a_load_at_the_current_version_reads_only_the_head(store: Store) -> None:
+    await turn(store, 0)
+    await store.add_summary(KEY, SummaryRecord("summary", "so far", 1, 2))
+    current = await version(store)
+    first = await store.load(KEY, SPEC)
+    probe = [m.chain for m in first.messages]
+
+    again = await store.load(KEY, SPEC, probe=probe, known_version=current)
+
+    assert again.unchanged and again.exists
+    assert again.messages == [] and again.summaries == []
+    assert again.meta == first.meta
+    assert (again.matched, again.matched_seq) == (2, 2)
+
+
+async def test_a_load_at_an_older_version_reads_everything(store: Store) -> None:
+    old = await turn(store, 0)
+    await turn(store, 1)
+
+    snapshot = await store.load(KEY, SPEC, known_version=old)
+
+    assert not snapshot.unchanged
+    assert [m.content for m in snapshot.messages] == [
+        "question 0", "answer 0", "question 1", "answer 1",
+    ]  # fmt: skip
+
+
+async def test_compression_stubs_written_later_are_not_hidden_by_a_known_version(
+    store: Store,
+) -> None:
+    known = await turn(store, 0)
+    await store.set_compressed(KEY, {2: "[stub]"})
+
+    snapshot = await store.load(KEY, SPEC, known_version=known)
+
+    assert not snapshot.unchanged
+    assert snapshot.messages[1].compressed_content == "[stub]"
+
+
+async def test_a_session_deleted_and_created_again_never_repeats_a_version(store: Store) -> None:
+    before = [await turn(store, i) for i in range(3)]
+    await store.delete_session(KEY)
+
+    after = [await turn(store, i) for i in range(3)]
+
+    assert not set(before) & set(after)
+    snapshot = await store.load(KEY, SPEC, known_version=before[-1])
+    assert not snapshot.unchanged
+
+
+async def test_a_known_version_of_a_missing_session_loads_it_as_missing(store: Store) -> None:
+    snapshot = await store.load(KEY, SPEC, known_version=12345)
+
+    assert not snapshot.exists and not snapshot.unchanged
