@@ -167,7 +167,7 @@ def create_app(
         mapper=load_mapper(settings.mapper),
         part_reader=load_part_reader(settings.part_reader, store),
         summarizer_budget=CallBudget(settings.summarizer_calls_per_hour),
-        sessions=SessionCache(settings.session_cache_messages),
+        sessions=SessionCache(int(settings.session_cache_mb * 1024 * 1024)),
     )
 
     @contextlib.asynccontextmanager

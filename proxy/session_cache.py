@@ -9,8 +9,9 @@ a background summary or compaction, an admin edit) moves the version further, an
 load reads the session again. Cached messages are shared between turns and never mutated:
 a change is a new record (``dataclasses.replace``).
 
-Bounded by the number of cached messages (``MEMORY_PROXY_SESSION_CACHE_MESSAGES``), least
-recently used first out.
+Bounded by an estimate of the memory it holds (``MEMORY_PROXY_SESSION_CACHE_MB``; a
+message is counted as ``MESSAGE_OVERHEAD`` bytes plus 4 per token, measured against
+tracemalloc on typical messages), least recently used first out.
 """
 
 from __future__ import annotations
@@ -28,7 +29,15 @@ from strategies.records import (
     chain_hash,
 )
 
-__all__ = ["CachedSession", "SessionCache"]
+__all__ = ["CachedSession", "SessionCache", "estimated_bytes"]
+
+# the record, its fingerprint and chain strings, its meta dict and the list slot
+MESSAGE_OVERHEAD = 400
+BYTES_PER_TOKEN = 4
+
+
+def estimated_bytes(messages: tuple[StoredMessage, ...]) -> int:
+    return MESSAGE_OVERHEAD * len(messages) + BYTES_PER_TOKEN * sum(m.tokens for m in messages)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,11 +47,12 @@ class CachedSession:
     version: int
     messages: tuple[StoredMessage, ...]
     summaries: tuple[SummaryRecord, ...]
+    size: int  # estimated bytes
 
 
 class SessionCache:
-    def __init__(self, max_messages: int) -> None:
-        self.max_messages = max_messages
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
         self._entries: OrderedDict[tuple[SessionKey, LoadSpec], CachedSession] = OrderedDict()
         self._size = 0
         self.hits = 0
@@ -53,7 +63,7 @@ class SessionCache:
 
     @property
     def size(self) -> int:
-        """Messages held across every cached session."""
+        """Estimated bytes held across every cached session."""
         return self._size
 
     def known_version(self, key: SessionKey, spec: LoadSpec) -> int | None:
@@ -77,9 +87,8 @@ class SessionCache:
             return True
         self.misses += 1
         if snapshot.exists:
-            self._put(slot, CachedSession(
-                snapshot.meta.version, tuple(snapshot.messages), tuple(snapshot.summaries)
-            ))  # fmt: skip
+            self._put(slot, snapshot.meta.version, tuple(snapshot.messages),
+                      tuple(snapshot.summaries))  # fmt: skip
         else:
             self._drop(slot)
         return True
@@ -128,23 +137,30 @@ class SessionCache:
         current = self._entries.get(slot)
         if current is not None and current.version > version:
             return  # a later turn of this session already cached a newer state
-        self._put(slot, CachedSession(version, messages, tuple(loaded.summaries)))
+        self._put(slot, version, messages, tuple(loaded.summaries))
 
     def drop_session(self, key: SessionKey) -> None:
         for slot in [s for s in self._entries if s[0] == key]:
             self._drop(slot)
 
-    def _put(self, slot: tuple[SessionKey, LoadSpec], entry: CachedSession) -> None:
+    def _put(
+        self,
+        slot: tuple[SessionKey, LoadSpec],
+        version: int,
+        messages: tuple[StoredMessage, ...],
+        summaries: tuple[SummaryRecord, ...],
+    ) -> None:
         self._drop(slot)
-        if slot[1].since == "turn" or len(entry.messages) > self.max_messages:
+        size = estimated_bytes(messages)
+        if slot[1].since == "turn" or size > self.max_bytes:
             return
-        self._entries[slot] = entry
-        self._size += len(entry.messages)
-        while self._size > self.max_messages:
+        self._entries[slot] = CachedSession(version, messages, summaries, size)
+        self._size += size
+        while self._size > self.max_bytes:
             _, oldest = self._entries.popitem(last=False)
-            self._size -= len(oldest.messages)
+            self._size -= oldest.size
 
     def _drop(self, slot: tuple[SessionKey, LoadSpec]) -> None:
         entry = self._entries.pop(slot, None)
         if entry is not None:
-            self._size -= len(entry.messages)
+            self._size -= entry.size

@@ -38,8 +38,9 @@ class Settings(BaseSettings):
     compaction_wait_seconds: float = 15.0
     # summarizer calls allowed per session per hour (bounds cost and loops)
     summarizer_calls_per_hour: int = 30
-    # messages kept decoded in memory across turns (proxy/session_cache.py); 0 turns it off
-    session_cache_messages: int = Field(default=20_000, ge=0)
+    # memory for sessions kept decoded across turns, estimated (proxy/session_cache.py);
+    # 0 turns the cache off
+    session_cache_mb: float = Field(default=32, ge=0)
     log_level: str = "info"
 
     @property

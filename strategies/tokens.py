@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import tiktoken
+import tiktoken.registry
 
 from strategies.media_tokens import audio_tokens, document_tokens, image_tokens
 
@@ -91,10 +92,20 @@ def get_encoding(name: str) -> tiktoken.Encoding | None:
     """The named encoding, loaded once; None when it cannot be loaded (offline, no bundle)."""
     _use_bundled_bpe_files()
     try:
-        return tiktoken.get_encoding(name)
+        encoding = tiktoken.get_encoding(name)
     except Exception as exc:  # tiktoken raises whatever its download raised
         log.warning("tokenizer %s unavailable (%s); estimating tokens from characters", name, exc)
         return None
+    release_python_ranks(encoding)
+    return encoding
+
+
+def release_python_ranks(encoding: tiktoken.Encoding) -> None:
+    """Drop the Python copy of the BPE ranks (28 MB for o200k_base, 17 MB for cl100k_base).
+    The Rust core holds its own; tiktoken keeps this dict only to pickle an encoding that
+    is not registered, and registered ones (all of ours) pickle by name."""
+    if tiktoken.registry.ENCODINGS.get(encoding.name) is encoding:
+        encoding._mergeable_ranks = {}
 
 
 @functools.lru_cache(maxsize=1024)

@@ -11,7 +11,7 @@ from e2e import RunningProxy, write_agent
 from summarizing_support import MODEL, sized
 
 from proxy.fake_upstream import Reply
-from proxy.session_cache import SessionCache
+from proxy.session_cache import SessionCache, estimated_bytes
 from strategies.records import (
     LoadSpec,
     SessionKey,
@@ -92,7 +92,7 @@ def test_with_and_without_the_cache_the_upstream_sees_the_same_windows(
     cached = make_proxy()
     conversation(cached, fake, "with")
     with_cache = sent(fake)
-    uncached = make_proxy(session_cache_messages=0)
+    uncached = make_proxy(session_cache_mb=0)
     conversation(uncached, fake, "without")
 
     assert uncached.services.sessions.hits == 0
@@ -163,27 +163,50 @@ def snapshot(version: int, count: int) -> SessionSnapshot:
                            [record(i + 1) for i in range(count)], [], exists=True)
 
 
-def test_the_cache_holds_at_most_its_message_bound_dropping_the_least_recent():
-    cache = SessionCache(max_messages=10)
+def test_the_cache_holds_at_most_its_bound_dropping_the_least_recent():
+    four = estimated_bytes(tuple(snapshot(1, 4).messages))
+    cache = SessionCache(max_bytes=2 * four + 1)
     spec = LoadSpec(limit=500)
     keys = [SessionKey("ns", "a", f"s{i}") for i in range(3)]
     for key in keys:
         cache.fill(key, spec, snapshot(1, 4))
-        assert cache.size <= 10
+        assert cache.size <= cache.max_bytes
     assert cache.known_version(keys[0], spec) is None
+    assert cache.known_version(keys[1], spec) == 1
     assert cache.known_version(keys[2], spec) == 1
-    assert cache.size == 8
+    assert cache.size == 2 * four
 
 
 def test_a_session_larger_than_the_bound_is_not_cached():
-    cache = SessionCache(max_messages=3)
+    cache = SessionCache(max_bytes=estimated_bytes(tuple(snapshot(1, 4).messages)) - 1)
     key, spec = SessionKey("ns", "a", "s"), LoadSpec(limit=500)
     cache.fill(key, spec, snapshot(1, 4))
     assert cache.known_version(key, spec) is None and cache.size == 0
 
 
+def test_the_size_estimate_is_close_to_what_cached_messages_take():
+    import tracemalloc
+
+    from storage.codec import message_from_body
+
+    text = "A sentence of ordinary prose, about the length of a short chat message. " * 3
+    tokens = 48
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    messages = tuple(
+        message_from_body({"role": "user", "content": text + str(i), "tokens": tokens,
+                           "fingerprint": f"{i:040x}", "created_at": 1.0},
+                          i, f"{i:040x}", None)
+        for i in range(2000)
+    )  # fmt: skip
+    taken = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    estimate = estimated_bytes(messages)
+    assert 0.6 * taken <= estimate <= 1.5 * taken
+
+
 def test_an_append_after_another_write_is_not_applied_to_the_cache():
-    cache = SessionCache(max_messages=100)
+    cache = SessionCache(max_bytes=1 << 20)
     key, spec = SessionKey("ns", "a", "s"), LoadSpec(limit=500)
     loaded = snapshot(5, 2)
     cache.fill(key, spec, loaded)

@@ -218,3 +218,16 @@ def test_a_users_own_cache_dir_is_left_alone_and_an_unloadable_encoding_is_estim
     assert result["cache"] == str(tmp_path)
     assert result["custom"] is None
     assert result["counts"] == [math.ceil(len("hello world") / 4), math.ceil(len(MIXED) / 4)]
+
+
+def test_loaded_encodings_release_their_python_ranks_and_still_count_and_pickle():
+    import pickle
+
+    from strategies.tokens import get_encoding
+
+    encoding = get_encoding("o200k_base")
+    assert encoding is not None
+    assert encoding._mergeable_ranks == {}
+    assert count_text("hello world", "gpt-4o") == 2
+    restored = pickle.loads(pickle.dumps(encoding))
+    assert restored.encode_ordinary("hello world") == encoding.encode_ordinary("hello world")
