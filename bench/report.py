@@ -14,7 +14,7 @@ COMPONENTS = (
     ("store load (query and decoding)", "load_snapshot"),
     ("strategy select", "SummarizingWindowStrategy.select"),
     ("mapper", "MessageToLlmMessageMapper.map"),
-    ("upstream call (aiohttp client; runs in a task of its own)", "OpenAIUpstream.chat"),
+    ("upstream call (OpenAIUpstream; runs in a task of its own)", "OpenAIUpstream.chat"),
     ("persist_turn: the turn's write", "persist_turn"),
     ("after-turn bookkeeping (proxy/after_turn.py)", "schedule_after_turn"),
     ("token counting", "count_message"),

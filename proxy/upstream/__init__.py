@@ -1,7 +1,8 @@
 """Upstream clients: the port (``base``) and its implementations.
 
 The implementations are loaded on first access so that importing the port does not import
-aiohttp (or litellm, which is slow) and so that ``proxy.sse`` can import ``base`` freely.
+the HTTP client (or litellm, which is slow) and so that ``proxy.sse`` can import ``base``
+freely.
 """
 
 from __future__ import annotations
