@@ -7,6 +7,8 @@ from collections import Counter
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 
+from proxy.session_cache import SessionCache
+
 COUNTERS: Counter[tuple[str, tuple[tuple[str, str], ...]]] = Counter()
 HELP = {
     "memory_proxy_turns_total": "Chat turns stored, by strategy.",
@@ -36,5 +38,23 @@ def render() -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_session_cache(sessions: SessionCache) -> str:
+    return "".join(
+        f"# HELP {name} {text}\n# TYPE {name} {kind}\n{name} {value}\n"
+        for name, kind, text, value in (
+            ("memory_proxy_session_cache_hits_total", "counter",
+             "Turns whose session was unchanged since this process last held it.",
+             sessions.hits),
+            ("memory_proxy_session_cache_misses_total", "counter",
+             "Turns that read their session from the store.", sessions.misses),
+            ("memory_proxy_session_cache_sessions", "gauge",
+             "Sessions held decoded by this process.", len(sessions)),
+            ("memory_proxy_session_cache_bytes", "gauge",
+             "Estimated memory of the sessions held.", sessions.size),
+        )
+    )  # fmt: skip
+
+
 async def metrics_endpoint(request: Request) -> PlainTextResponse:
-    return PlainTextResponse(render(), media_type="text/plain; version=0.0.4")
+    text = render() + render_session_cache(request.app.state.services.sessions)
+    return PlainTextResponse(text, media_type="text/plain; version=0.0.4")

@@ -7,6 +7,7 @@ import asyncio
 import hashlib
 import json
 
+import httpx
 from e2e import RunningProxy, write_agent
 from summarizing_support import MODEL, sized
 
@@ -83,6 +84,10 @@ def test_turns_after_the_first_are_served_from_the_cache(make_proxy, fake, agent
     # 13 turns: a new session is read in full on its first two turns (the first write of a
     # session has no version before it to follow), every later turn reads only the head
     assert (cache.misses, cache.hits) == (2, 11)
+    metrics = httpx.get(f"{proxy.base}/metrics").text
+    assert "memory_proxy_session_cache_hits_total 11\n" in metrics
+    assert "memory_proxy_session_cache_misses_total 2\n" in metrics
+    assert "memory_proxy_session_cache_sessions 1\n" in metrics
 
 
 def test_with_and_without_the_cache_the_upstream_sees_the_same_windows(
