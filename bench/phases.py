@@ -230,3 +230,17 @@ def store_file(name: str) -> tuple[str, Path]:
     for suffix in ("", "-wal", "-shm"):
         Path(str(path) + suffix).unlink(missing_ok=True)
     return f"sqlite:///{path}", path
+
+
+def session_cache_counts(base_url: str) -> dict[str, float]:
+    """The proxy's session cache counters from its /metrics (loopback, no token needed)."""
+    import urllib.request
+
+    with urllib.request.urlopen(base_url + "/metrics", timeout=5) as response:
+        text = response.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("memory_proxy_session_cache_"):
+            name, _, value = line.partition(" ")
+            out[name.removeprefix("memory_proxy_session_cache_")] = float(value)
+    return out

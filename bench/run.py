@@ -30,6 +30,10 @@ from phases import Target
 from servers import LITELLM_VENV, OUT, ROOT, TOOLS_VENV
 
 CONCURRENCIES = (1, 8, 32, 64)
+# the session cache of the C and C' servers of the main phases: room for the shared pool's
+# sessions as they grow over the run (the default, 32 MB, holds about a third of them; the
+# memory check further down runs a proxy with the defaults)
+MAIN_CACHE_MB = 256
 HISTORIES = (1, 20, 100, 1000, 10000)
 
 
@@ -217,10 +221,12 @@ class Run:
 
         self.step("starting B, C, C', D")
         passthrough = self.launch(servers.passthrough(upstream, sut))
+        cache = {"MEMORY_PROXY_SESSION_CACHE_MB": str(MAIN_CACHE_MB)}
+        results["main_cache_mb"] = MAIN_CACHE_MB
         c_sqlite = self.launch(servers.memory_proxy("memory-proxy-sqlite", upstream, sqlite_url,
-                                                    self.agents, sut))
+                                                    self.agents, sut, env=cache))
         c_redis = self.launch(servers.memory_proxy("memory-proxy-redis", upstream, redis_url,
-                                                   self.agents, sut))
+                                                   self.agents, sut, env=cache))
         for server in (passthrough, c_sqlite, c_redis):
             server.wait_ready()
         targets = [
@@ -281,6 +287,8 @@ class Run:
             results["profiles"][target.key] = {"profile": profile, "rps": result.rps}
         results["peak_rss_mb"] = {t.key: t.server.peak_rss_mb() for t in targets}
         results["redis_cpu_s"] = redis.cpu_seconds()
+        results["session_cache"] = {key: phases.session_cache_counts(by_key[key].base_url)
+                                    for key in ("C", "C'")}
 
         self.step("store round trips and tokenizing per turn (in process)")
         results["inprocess"] = self.inprocess(upstream, redis.port)
@@ -337,16 +345,27 @@ class Run:
         return max(2, min(self.plan.history_requests + 2, budget // size))
 
     def histories(self, by_key: dict[str, Target], pools: dict[str, SessionPool]) -> dict:
+        """Per size: one turn on every session of the pool first (cold: the proxy reads the
+        session from its store), then the measured rounds (warm: the session is in its
+        cache and only the head is read)."""
         out = {}
         chosen = [by_key[k] for k in ("A", "C", "C'")]
         for size in HISTORIES:
+            size_pools = {"C": pools[f"sqlite-h{size}"], "C'": pools[f"redis-h{size}"]}
+            cold = {key: asyncio.run(phases.closed_rounds(
+                [by_key[key]], pool.count, 1, pools={key: pool}))[key]
+                for key, pool in size_pools.items()}  # fmt: skip
             measured = asyncio.run(phases.closed_rounds(
-                chosen, self.plan.history_requests, self.plan.rounds,
-                pools={"C": pools[f"sqlite-h{size}"], "C'": pools[f"redis-h{size}"]},
+                chosen, self.plan.history_requests, self.plan.rounds, pools=size_pools,
             ))
             out[size] = {k: {"p50": m.latency_ms(50), "p99": m.latency_ms(99),
                              "cpu_ms": m.cpu_per_request_ms(), "errors": m.errors()}
                          for k, m in measured.items()}
+            for key, m in cold.items():
+                out[size][key] |= {"cold_p50": m.latency_ms(50),
+                                   "cold_cpu_ms": m.cpu_per_request_ms(),
+                                   "cold_turns": m.requests(), "errors": out[size][key]["errors"]
+                                   + m.errors()}
         return out
 
     def windowed(self, by_key: dict[str, Target], pools: dict[str, SessionPool]) -> dict:

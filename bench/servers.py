@@ -204,7 +204,7 @@ def passthrough(upstream: str, cpus: str | None) -> Server:
 
 def memory_proxy(
     name: str, upstream: str, store_url: str, agents_dir: Path, cpus: str | None,
-    *, workers: int = 1,
+    *, workers: int = 1, env: dict[str, str] | None = None,
 ) -> Server:
     port = free_port()
     argv = [
@@ -212,7 +212,7 @@ def memory_proxy(
         "--upstream-url", upstream, "--agents-dir", str(agents_dir), "--log-level", "warning",
         "--workers", str(workers),
     ]
-    return Server(name, argv, port, ready_path="/ready", cpus=cpus)
+    return Server(name, argv, port, ready_path="/ready", cpus=cpus, env=dict(env or {}))
 
 
 def litellm_available() -> str | None:
