@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.disconnect import ClientDisconnected
+from proxy.disconnect import ClientDisconnected, DisconnectWatch
 from proxy.errors import PayloadTooLarge, ProxyError
 from proxy.metrics import inc
 
@@ -108,19 +108,15 @@ class StreamReply:
     error_event: bytes = b"data: " + SERVER_ERROR + b"\n\n"
 
     async def send(self, send: Send, receive: Receive) -> None:
-        task = asyncio.current_task()
-        assert task is not None
         raw = _raw_headers(self.headers, self.media_type)
         await send({"type": "http.response.start", "status": 200, "headers": raw})
-        watch = asyncio.ensure_future(_disconnected(receive))
-        watch.add_done_callback(lambda done: done.cancelled() or task.cancel())
+        watch = DisconnectWatch(receive)
         try:
             try:
                 async for chunk in self.chunks:
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
             except asyncio.CancelledError:
-                if watch.done() and not watch.cancelled() and task.cancelling() <= 1:
-                    task.uncancel()
+                if watch.caused():
                     return  # the client went away: nothing left to send to
                 raise
             except Exception:
@@ -129,16 +125,11 @@ class StreamReply:
                             "more_body": True})  # fmt: skip
             await send({"type": "http.response.body", "body": b""})
         finally:
-            watch.cancel()
+            watch.stop()
             aclose = getattr(self.chunks, "aclose", None)
             if aclose is not None:
                 with contextlib.suppress(Exception):
                     await aclose()
-
-
-async def _disconnected(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
 
 
 async def send_error(send: Send, exc: ProxyError) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from strategies.records import (
@@ -36,8 +37,16 @@ MESSAGE_OVERHEAD = 400
 BYTES_PER_TOKEN = 4
 
 
-def estimated_bytes(messages: tuple[StoredMessage, ...]) -> int:
+def estimated_bytes(messages: Sequence[StoredMessage]) -> int:
     return MESSAGE_OVERHEAD * len(messages) + BYTES_PER_TOKEN * sum(m.tokens for m in messages)
+
+
+# a plain tuple: hashing and comparing it is cheaper than the frozen dataclasses
+Slot = tuple[str, str, str, int, str]
+
+
+def _slot(key: SessionKey, spec: LoadSpec) -> Slot:
+    return (key.namespace, key.agent, key.session, spec.limit, spec.since)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +62,7 @@ class CachedSession:
 class SessionCache:
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self._entries: OrderedDict[tuple[SessionKey, LoadSpec], CachedSession] = OrderedDict()
+        self._entries: OrderedDict[Slot, CachedSession] = OrderedDict()
         self._size = 0
         self.hits = 0
         self.misses = 0
@@ -67,14 +76,14 @@ class SessionCache:
         return self._size
 
     def known_version(self, key: SessionKey, spec: LoadSpec) -> int | None:
-        entry = self._entries.get((key, spec))
+        entry = self._entries.get(_slot(key, spec))
         return entry.version if entry is not None else None
 
     def fill(self, key: SessionKey, spec: LoadSpec, snapshot: SessionSnapshot) -> bool:
         """After a load: complete an unchanged snapshot from the cache, or cache a full one.
         False when an unchanged snapshot's entry left the cache during the load: the
         caller loads again without a known version."""
-        slot = (key, spec)
+        slot = _slot(key, spec)
         if snapshot.unchanged:
             entry = self._entries.get(slot)
             if entry is None or entry.version != snapshot.meta.version:
@@ -87,8 +96,9 @@ class SessionCache:
             return True
         self.misses += 1
         if snapshot.exists:
-            self._put(slot, snapshot.meta.version, tuple(snapshot.messages),
-                      tuple(snapshot.summaries))  # fmt: skip
+            messages = tuple(snapshot.messages)
+            self._put(slot, snapshot.meta.version, messages, tuple(snapshot.summaries),
+                      estimated_bytes(messages))  # fmt: skip
         else:
             self._drop(slot)
         return True
@@ -107,7 +117,7 @@ class SessionCache:
         ``appended`` with their assigned seqs, ``stubs`` set on older messages. Kept only
         when the write was the only one since the load (``version`` is one past
         ``loaded``'s) and the chain the store computed is the one computed here."""
-        slot = (key, spec)
+        slot = _slot(key, spec)
         if spec.since == "turn":
             return  # its start moves with every user message: not worth following
         if not loaded.exists or version != loaded.meta.version + 1:
@@ -132,27 +142,35 @@ class SessionCache:
                 for m in kept
             ]  # fmt: skip
         messages = (*kept, *appended)
-        if len(messages) > spec.limit:
-            messages = messages[len(messages) - spec.limit :] if spec.limit > 0 else ()
+        size = estimated_bytes(appended)
         current = self._entries.get(slot)
+        if current is not None and current.version == loaded.meta.version:
+            size += current.size  # the entry the turn loaded: grown by the turn
+        else:
+            size += estimated_bytes(loaded.messages)
+        if len(messages) > spec.limit:
+            cut = len(messages) - spec.limit if spec.limit > 0 else len(messages)
+            size -= estimated_bytes(messages[:cut])
+            messages = messages[cut:]
         if current is not None and current.version > version:
             return  # a later turn of this session already cached a newer state
-        self._put(slot, version, messages, tuple(loaded.summaries))
+        self._put(slot, version, messages, tuple(loaded.summaries), size)
 
     def drop_session(self, key: SessionKey) -> None:
-        for slot in [s for s in self._entries if s[0] == key]:
+        session = (key.namespace, key.agent, key.session)
+        for slot in [s for s in self._entries if s[:3] == session]:
             self._drop(slot)
 
     def _put(
         self,
-        slot: tuple[SessionKey, LoadSpec],
+        slot: Slot,
         version: int,
         messages: tuple[StoredMessage, ...],
         summaries: tuple[SummaryRecord, ...],
+        size: int,
     ) -> None:
         self._drop(slot)
-        size = estimated_bytes(messages)
-        if slot[1].since == "turn" or size > self.max_bytes:
+        if slot[4] == "turn" or size > self.max_bytes:
             return
         self._entries[slot] = CachedSession(version, messages, summaries, size)
         self._size += size
@@ -160,7 +178,7 @@ class SessionCache:
             _, oldest = self._entries.popitem(last=False)
             self._size -= oldest.size
 
-    def _drop(self, slot: tuple[SessionKey, LoadSpec]) -> None:
+    def _drop(self, slot: Slot) -> None:
         entry = self._entries.pop(slot, None)
         if entry is not None:
             self._size -= entry.size

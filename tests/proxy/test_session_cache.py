@@ -8,6 +8,7 @@ import hashlib
 import json
 
 import httpx
+import pytest
 from e2e import RunningProxy, write_agent
 from summarizing_support import MODEL, sized
 
@@ -56,11 +57,16 @@ def sent(fake, start: int = 0) -> list[list[dict]]:
 
 def cached_entries(proxy: RunningProxy) -> list[tuple[SessionKey, LoadSpec, object]]:
     cache = proxy.services.sessions
-    return [(key, spec, entry) for (key, spec), entry in cache._entries.items()]
+    return [
+        (SessionKey(ns, agent, session), LoadSpec(limit, since), entry)  # type: ignore[arg-type]
+        for (ns, agent, session, limit, since), entry in cache._entries.items()
+    ]
 
 
-def test_a_cached_session_is_what_a_fresh_load_returns(make_proxy, fake, agents_dir):
-    write_agent(agents_dir, "cached", llm={"model": MODEL, "contextWindow": 4000})
+@pytest.mark.parametrize("fetch", [500, 5])
+def test_a_cached_session_is_what_a_fresh_load_returns(make_proxy, fake, agents_dir, fetch):
+    write_agent(agents_dir, "cached", llm={"model": MODEL, "contextWindow": 4000},
+                memoryConfig={"kind": "summarizing_window", "maxHistoryFetch": fetch})
     proxy = make_proxy()
     conversation(proxy, fake, "s1")
 
@@ -71,6 +77,12 @@ def test_a_cached_session_is_what_a_fresh_load_returns(make_proxy, fake, agents_
         assert entry.version == fresh.meta.version
         assert list(entry.messages) == fresh.messages
         assert list(entry.summaries) == fresh.summaries
+    # the size kept up turn by turn is the estimate of what is held
+    assert all(entry.size == estimated_bytes(entry.messages) for _, _, entry in entries)
+    assert proxy.services.sessions.size == sum(entry.size for _, _, entry in entries)
+    if fetch < 500:
+        assert all(len(entry.messages) == fetch for _, _, entry in entries)
+        return
     # the large tool result was compressed, and the cached copy knows it
     assert any(m.compressed_content for _, _, e in entries for m in e.messages)
 
