@@ -100,7 +100,8 @@ class AutoCompactStrategy:
         placement: Placement = config.summaryPlacement
         fixed = ctx.system_tokens + summary_tokens(compaction, placement, ctx.count_tokens)
         keep_from = 0
-        if exceeds(fixed + sum(i.tokens for i in items), 1.0, context_window, calibration):
+        if exceeds(fixed + sum([i.tokens for i in items]), 1.0, context_window, calibration):
+            units = tool_units(live)
             keep_from = fit_tail(
                 live,
                 items,
@@ -109,8 +110,9 @@ class AutoCompactStrategy:
                 ratio=1.0,
                 context_window=context_window,
                 calibration=calibration,
+                units=units,
             )
-            keep_from = trim_to_units(live, min(keep_from, turn))
+            keep_from = trim_to_units(live, min(keep_from, turn), units)
             notes.append(
                 f"safety trim: the oldest live messages before seq "
                 f"{live[keep_from].seq if keep_from < len(live) else '-'} are left out to "
@@ -120,7 +122,7 @@ class AutoCompactStrategy:
         if sent_placement != placement:
             notes.append("summary sent as a user message: the live part opens mid-turn")
             fixed = ctx.system_tokens + summary_tokens(compaction, sent_placement, ctx.count_tokens)
-        total = fixed + sum(i.tokens for i in kept)
+        total = fixed + sum([i.tokens for i in kept])
         if exceeds(total, 1.0, context_window, calibration):
             notes.append("the current turn alone exceeds the context window")
         return Window(

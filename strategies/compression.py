@@ -118,7 +118,9 @@ def choose_compressions(
         return {}
     results = [i for i, m in enumerate(messages) if m.role == "tool"]
     protected = set(results[-NEWEST_PROTECTED:])
-    last_assistant = max((i for i, m in enumerate(messages) if m.role == "assistant"), default=-1)
+    last_assistant = next(
+        (i for i in range(len(messages) - 1, -1, -1) if messages[i].role == "assistant"), -1
+    )
     threshold = compression_threshold(config, context_window)
     stubs: dict[int, str] = {}
     for index in results:

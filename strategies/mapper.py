@@ -57,8 +57,39 @@ class MessageToLlmMessageMapper:
                 system = _append_to_system(system, rendered)
             else:
                 out.append(rendered)
+        cls = type(self)
+        if cls.map_item is not _MAP_ITEM or cls.map_content is not _MAP_CONTENT:
+            # a subclass reshapes items: every item goes through its methods
+            out.extend([self.map_item(item, context) for item in window.items])
+            return system + out
+        append = out.append
         for item in window.items:
-            out.append(self.map_item(item, context))
+            # inline ``map_item`` for the common case (text content, no media, no system
+            # role); anything else takes the general path
+            message = item.message
+            content = item.text if item.text is not None else message.content
+            role = message.role
+            meta = message.meta
+            if (
+                isinstance(content, list)
+                or isinstance(message.content, list)
+                or (meta and (meta.get("parts") or meta.get("attachments")))
+                or role == "system"
+                or role == "developer"
+            ):
+                append(self.map_item(item, context))
+                continue
+            sent: dict[str, Any] = {"role": role, "content": content}
+            if role == "assistant":
+                if message.tool_calls:
+                    sent["tool_calls"] = message.tool_calls
+                    if content in ("", None):
+                        sent["content"] = None
+            elif role == "tool":
+                sent["tool_call_id"] = message.tool_call_id
+            if message.name and role != "tool":
+                sent["name"] = message.name
+            append(sent)
         return system + out
 
     def map_item(self, item: WindowItem, context: MappingContext) -> dict[str, Any]:
@@ -88,6 +119,10 @@ class MessageToLlmMessageMapper:
         if isinstance(content, list) or media.has_media(item.message):
             return media.render_parts(item, content, context)
         return content
+
+
+_MAP_ITEM = MessageToLlmMessageMapper.map_item
+_MAP_CONTENT = MessageToLlmMessageMapper.map_content
 
 
 def _text(content: Any) -> str:

@@ -31,20 +31,17 @@ from strategies.base import (
 from strategies.compression import (
     choose_compressions,
     compressed_item,
-    content_text,
     exceeds,
-    head_within,
     render_stored,
 )
 from strategies.config import SummarizingWindowConfig
 from strategies.records import LoadSpec, StoredMessage, SummaryRecord
 from strategies.summary_prompt import render_summary
+from strategies.truncation import message_cap, truncate_item
 from strategies.validity import make_valid, tool_units, trim_to_units
 
 # the share of the window budget the kept tail may use after an automatic summary
 TAIL_SHARE = 0.5
-# truncation lengths move in steps of 1/50 of the cap (see message_cap)
-STEADY_GRID = 50
 MIN_SUMMARIZED = 2
 
 
@@ -83,56 +80,43 @@ def fit_tail(
     ratio: float,
     context_window: int,
     calibration: float,
+    units: Sequence[tuple[int, int]] | None = None,
 ) -> int:
     """Where the window starts so that ``fixed`` plus the kept items stay within
     ``ratio * context_window`` (calibrated): whole units, newest first, stopping at the
     first that does not fit. Units of the current turn (from ``turn_start``) are always
-    kept. ``items[i]`` is ``messages[i]`` as rendered."""
+    kept. ``items[i]`` is ``messages[i]`` as rendered; ``units`` is
+    ``tool_units(messages)`` when the caller has it already."""
+    return fit_sizes(
+        [item.tokens for item in items],
+        tool_units(messages) if units is None else units,
+        turn_start,
+        fixed=fixed,
+        limit=round(ratio * context_window, 6),
+        calibration=calibration,
+    )
+
+
+def fit_sizes(
+    sizes: Sequence[int],
+    units: Sequence[tuple[int, int]],
+    turn_start: int,
+    *,
+    fixed: int,
+    limit: float,
+    calibration: float,
+) -> int:
+    """``fit_tail`` over the items' sizes, against a precomputed (rounded) token limit:
+    the same comparison as ``exceeds``, without a call per unit."""
     total = fixed
-    keep_from = len(messages)
-    for start, end in reversed(tool_units(messages)):
-        size = sum(item.tokens for item in items[start:end])
-        if end <= turn_start and exceeds(total + size, ratio, context_window, calibration):
+    keep_from = len(sizes)
+    for start, end in reversed(units):
+        size = sizes[start] if end - start == 1 else sum(sizes[start:end])
+        if end <= turn_start and (total + size) * calibration > limit:
             break
         total += size
         keep_from = start
     return keep_from
-
-
-def message_cap(
-    config: SummarizingWindowConfig, context_window: int, calibration: float
-) -> tuple[int, int]:
-    """maxMessageRatio of the context window in estimated tokens, and the size a message
-    above it is cut to: the cap rounded down to a grid of 1/50 of the uncalibrated cap.
-
-    The cap moves with the calibration factor, which changes a little with every
-    response; on the grid the cut text mostly stays the same from one turn to the next,
-    so the counter's memory serves it instead of tokenizing the message again."""
-    raw = round(config.maxMessageRatio * context_window, 6)
-    cap = int(raw / calibration)
-    return cap, cap - cap % max(1, int(raw) // STEADY_GRID)
-
-
-def truncate_item(item: WindowItem, limit: int, count_tokens: CountTokens) -> WindowItem:
-    """``item`` with its text cut so the whole message is at most ``limit`` tokens, with a
-    visible marker line. Tool calls are untouched; an item whose text cannot shrink it
-    enough (the size is in its tool calls) is returned as is."""
-    text = content_text(item.message.content)
-    text_tokens = count_tokens(text)
-    overhead = max(0, item.tokens - text_tokens)
-    marker = f"\n[… truncated by memory-proxy: {text_tokens} of {text_tokens} tokens shown]"
-    room = limit - overhead - count_tokens(marker)
-    if room <= 0 or text_tokens <= room:
-        return item
-    kept = head_within(text, room, count_tokens)
-    shown = count_tokens(kept)
-    new_text = f"{kept}\n[… truncated by memory-proxy: {shown} of {text_tokens} tokens shown]"
-    return WindowItem(
-        message=item.message,
-        tokens=overhead + count_tokens(new_text),
-        text=new_text,
-        marker="truncated",
-    )
 
 
 class SummarizingWindowStrategy:
@@ -151,51 +135,66 @@ class SummarizingWindowStrategy:
         history fit."""
         config: SummarizingWindowConfig = ctx.config  # type: ignore[assignment]
         context_window, calibration = ctx.context_window, ctx.calibration
-        summary, fixed, start, items = self._live(ctx)
+        summary, fixed, start, sizes, shaped = self._live(ctx)
         live = ctx.messages[start:]
         turn = min(max(ctx.current_turn_start - start, 0), len(live))
         notes: list[str] = []
         if start:
             notes.append(f"{start} messages covered by the summary are not sent")
 
+        live_total = fixed + sum(sizes)
         pressure = exceeds(
-            fixed + sum(i.tokens for i in items),
-            config.compressWhenWindowAboveRatio,
-            context_window,
-            calibration,
+            live_total, config.compressWhenWindowAboveRatio, context_window, calibration
         )
-        stubs = choose_compressions(
-            ctx.messages,
-            config,
-            context_window,
-            under_pressure=pressure,
-            calibration=calibration,
-            eligible=frozenset(m.seq for m in live),
-        )
-        for index, message in enumerate(live):
-            if message.seq in stubs:
-                items[index] = compressed_item(message, stubs[message.seq], ctx.count_tokens)
+        stubs: dict[int, str] = {}
+        if pressure and config.compressToolResults:
+            stubs = choose_compressions(
+                ctx.messages,
+                config,
+                context_window,
+                under_pressure=True,
+                calibration=calibration,
+                eligible=frozenset([m.seq for m in live]),
+            )
         if stubs:
+            for index, message in enumerate(live):
+                if message.seq in stubs:
+                    item = compressed_item(message, stubs[message.seq], ctx.count_tokens)
+                    shaped[index] = item
+                    sizes[index] = item.tokens
             notes.append(f"{len(stubs)} tool results compressed")
+            live_total = fixed + sum(sizes)
 
-        keep_from = fit_tail(
-            live,
-            items,
-            turn,
-            fixed=fixed,
-            ratio=config.maxConversationRatio,
-            context_window=context_window,
-            calibration=calibration,
-        )
-        keep_from = trim_to_units(live, min(keep_from, turn))
-        kept, _ = make_valid(items[keep_from:])
+        limit = round(config.maxConversationRatio * context_window, 6)
+        if (
+            live
+            and not live_total * calibration > limit
+            and calibration >= 0
+            and min(sizes) >= 0
+            and live[0].role != "tool"
+        ):
+            # everything fits: every partial tail fits too, so fit_tail keeps it all and the
+            # first unit is a boundary trim_to_units accepts
+            keep_from = 0
+        else:
+            units = tool_units(live)
+            keep_from = fit_sizes(
+                sizes, units, turn, fixed=fixed, limit=limit, calibration=calibration
+            )
+            keep_from = trim_to_units(live, min(keep_from, turn), units)
+        # window items are built for the kept messages only
+        items = [WindowItem(m, m.tokens) for m in (live[keep_from:] if keep_from else live)]
+        for index, item in shaped.items():
+            if index >= keep_from:
+                items[index - keep_from] = item
+        kept, _ = make_valid(items)
         dropped = len(live) - len(kept)
         if dropped:
             notes.append(f"{dropped} older messages trimmed to fit maxConversationRatio")
-        truncated = sum(1 for i in kept if i.marker == "truncated")
+        truncated = sum(1 for i in kept if i.marker == "truncated") if shaped else 0
         if truncated:
             notes.append(f"{truncated} messages truncated to maxMessageRatio")
-        total = fixed + sum(i.tokens for i in kept)
+        total = fixed + sum([i.tokens for i in kept])
         if exceeds(total, config.maxConversationRatio, context_window, calibration):
             notes.append("the current turn alone exceeds maxConversationRatio")
         return Window(
@@ -208,33 +207,41 @@ class SummarizingWindowStrategy:
             notes=notes,
         )
 
-    def _render(
-        self, message: StoredMessage, cap: tuple[int, int], count_tokens: CountTokens
-    ) -> WindowItem:
-        item = render_stored(message, count_tokens)
-        if item.marker is None and item.tokens > cap[0]:
-            return truncate_item(item, cap[1], count_tokens)
-        return item
-
-    def _live(self, ctx: WindowContext) -> tuple[SummaryRecord | None, int, int, list[WindowItem]]:
+    def _live(
+        self, ctx: WindowContext
+    ) -> tuple[SummaryRecord | None, int, int, list[int], dict[int, WindowItem]]:
         """The live window before compression and trimming: the latest summary, the size of
         the system prompt and that summary, the index of the first loaded message the
-        summary does not cover, and every message from there as rendered (stored stubs,
-        the message cap)."""
+        summary does not cover, the size of every message from there as rendered (stored
+        stubs, the message cap) and, by index from there, the items rendered with other
+        text than their content (most messages go verbatim: no item is built for them)."""
         config: SummarizingWindowConfig = ctx.config  # type: ignore[assignment]
+        count_tokens = ctx.count_tokens
         summary = latest_summary(ctx.summaries)
-        fixed = ctx.system_tokens + summary_tokens(
-            summary, config.summaryPlacement, ctx.count_tokens
-        )
+        fixed = ctx.system_tokens + summary_tokens(summary, config.summaryPlacement, count_tokens)
         start = live_start(ctx.messages, summary)
-        cap = message_cap(config, ctx.context_window, ctx.calibration)
-        items = [self._render(m, cap, ctx.count_tokens) for m in ctx.messages[start:]]
-        return summary, fixed, start, items
+        live = ctx.messages[start:]
+        cap, cut = message_cap(config, ctx.context_window, ctx.calibration)
+        sizes = [m.tokens for m in live]
+        stored_stubs = [m.compressed_content for m in live]
+        shaped: dict[int, WindowItem] = {}
+        if (sizes and max(sizes) > cap) or stored_stubs.count(None) != len(stored_stubs):
+            for index, message in enumerate(live):
+                stub = stored_stubs[index]
+                if stub is not None:
+                    item = compressed_item(message, stub, count_tokens)
+                elif message.tokens > cap:
+                    item = truncate_item(WindowItem(message, message.tokens), cut, count_tokens)
+                else:
+                    continue
+                shaped[index] = item
+                sizes[index] = item.tokens
+        return summary, fixed, start, sizes, shaped
 
     def live_tokens(self, ctx: WindowContext) -> int:
         """The live window before trimming, as an estimate (uncalibrated)."""
-        _summary, fixed, _start, items = self._live(ctx)
-        return fixed + sum(item.tokens for item in items)
+        _summary, fixed, _start, sizes, _shaped = self._live(ctx)
+        return fixed + sum(sizes)
 
     def after_turn(self, ctx: WindowContext, window_tokens: int) -> SummarizePlan | None:
         """Summarize the oldest unsummarized range when ``autoSummarize`` is on and the

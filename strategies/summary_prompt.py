@@ -61,6 +61,10 @@ def sanitize_summary(text: str) -> str:
     Removes Unicode category Cc except newline and tab, and Cf (zero-width characters,
     bidi overrides, tag characters); line and paragraph separators become newlines.
     """
+    # summaries are rendered into every request: when nothing but newlines and tabs is
+    # unprintable (no Cc, Cf, Zl or Zp anywhere), only the strip applies
+    if text.replace("\n", "").replace("\t", "").isprintable():
+        return text.strip()
     text = text.replace("\r\n", "\n").replace("\r", "\n")
     text = text.replace("\u2028", "\n").replace("\u2029", "\n")
     return "".join(

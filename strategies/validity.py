@@ -9,9 +9,10 @@ pass their candidate window through ``make_valid``; tests check the rendered res
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from strategies.base import WindowContext, WindowItem
 from strategies.records import StoredMessage, SummaryRecord
@@ -25,10 +26,6 @@ def call_ids(message: StoredMessage) -> list[str]:
     return [c["id"] for c in message.tool_calls or () if isinstance(c, dict) and c.get("id")]
 
 
-def _is_call(message: StoredMessage) -> bool:
-    return message.role == "assistant" and bool(message.tool_calls)
-
-
 def tool_units(messages: Sequence[StoredMessage]) -> list[tuple[int, int]]:
     """Partition ``messages`` into atomic units ``[start, end)``.
 
@@ -36,25 +33,39 @@ def tool_units(messages: Sequence[StoredMessage]) -> list[tuple[int, int]]:
     its calls form one unit; every other message (including an orphan tool result) is a
     unit of its own.
     """
+    n = len(messages)
+    calls = [i for i, m in enumerate(messages) if m.tool_calls and m.role == "assistant"]
+    if not calls:
+        return [(i, i + 1) for i in range(n)]
     units: list[tuple[int, int]] = []
-    i, n = 0, len(messages)
-    while i < n:
-        end = i + 1
-        if _is_call(messages[i]):
-            ids = set(call_ids(messages[i]))
-            while end < n and messages[end].role == "tool" and messages[end].tool_call_id in ids:
-                end += 1
-        units.append((i, end))
+    i = 0
+    for call in calls:  # a unit ends at the first non-tool message, so call >= i
+        units.extend((k, k + 1) for k in range(i, call))
+        ids = set(call_ids(messages[call]))
+        end = call + 1
+        while end < n and messages[end].role == "tool" and messages[end].tool_call_id in ids:
+            end += 1
+        units.append((call, end))
         i = end
+    units.extend((k, k + 1) for k in range(i, n))
     return units
 
 
-def trim_to_units(messages: Sequence[StoredMessage], keep_from: int) -> int:
+def trim_to_units(
+    messages: Sequence[StoredMessage],
+    keep_from: int,
+    units: Sequence[tuple[int, int]] | None = None,
+) -> int:
     """Move a desired window start forward to the first unit boundary at or after it whose
-    unit does not start with a tool result; ``len(messages)`` when there is none."""
+    unit does not start with a tool result; ``len(messages)`` when there is none.
+    ``units`` is ``tool_units(messages)`` when the caller has it already."""
     keep_from = max(0, keep_from)
-    for start, _end in tool_units(messages):
-        if start >= keep_from and messages[start].role != "tool":
+    if units is None:
+        units = tool_units(messages)
+    # units are ordered by start: skip straight to the first starting at keep_from or later
+    for index in range(bisect.bisect_left(units, (keep_from,)), len(units)):
+        start = units[index][0]
+        if messages[start].role != "tool":
             return start
     return len(messages)
 
@@ -66,14 +77,31 @@ def _has_text(item: WindowItem) -> bool:
 
 def as_items(messages: Sequence[StoredMessage]) -> list[WindowItem]:
     """Stored messages as window items, verbatim (content as stored, tokens as counted)."""
-    return [WindowItem(message=m, tokens=m.tokens) for m in messages]
+    return [WindowItem(m, m.tokens) for m in messages]
 
 
 def estimate_window_tokens(
     ctx: WindowContext, items: Sequence[WindowItem], summaries: Sequence[SummaryRecord] = ()
 ) -> int:
     """Estimated size of everything sent: system prompt, summaries and items."""
-    return ctx.system_tokens + sum(s.tokens for s in summaries) + sum(i.tokens for i in items)
+    return ctx.system_tokens + sum([s.tokens for s in summaries]) + sum([i.tokens for i in items])
+
+
+def _close_unit(kept: list[WindowItem | None], head: int, answered: set[str]) -> bool:
+    """Drop the unanswered calls of the unit headed by ``kept[head]``; True when the head
+    itself went (no call and no text left)."""
+    item = kept[head]
+    assert item is not None
+    calls = item.message.tool_calls or []
+    remaining = [c for c in calls if isinstance(c, dict) and c.get("id") in answered]
+    if len(remaining) == len(calls):
+        return False
+    if not remaining and not _has_text(item):
+        kept[head] = None
+        return True
+    message = dataclasses.replace(item.message, tool_calls=remaining or None)
+    kept[head] = dataclasses.replace(item, message=message)
+    return False
 
 
 def make_valid(items: list[WindowItem]) -> tuple[list[WindowItem], int]:
@@ -83,44 +111,45 @@ def make_valid(items: list[WindowItem]) -> tuple[list[WindowItem], int]:
     (orphans, duplicates) are dropped; an assistant message's unanswered calls are removed
     from what is sent (a shallow copy; the message is dropped when no call and no text
     remain); then leading items are dropped until the first is a user message. Order is
-    preserved and the function is idempotent.
+    preserved and the function is idempotent. The returned list is always a new one.
     """
     kept: list[WindowItem | None] = []
-    answered: set[str] = set()
-    open_calls: set[str] = set()
+    append = kept.append
     head: int | None = None  # index in ``kept`` of the open unit's assistant message
-
-    def close_unit() -> None:
-        if head is None:
-            return
-        item = kept[head]
-        assert item is not None
-        calls = item.message.tool_calls or []
-        remaining = [c for c in calls if isinstance(c, dict) and c.get("id") in answered]
-        if len(remaining) == len(calls):
-            return
-        if not remaining and not _has_text(item):
-            kept[head] = None
-            return
-        message = dataclasses.replace(item.message, tool_calls=remaining or None)
-        kept[head] = dataclasses.replace(item, message=message)
-
+    open_calls: set[str] = set()
+    answered: set[str] = set()
+    whole = -1  # len(answered) at which the open unit is complete (-1: check it)
+    removed = False
+    # a plain message costs two attribute reads and an append: units are the rare case
     for item in items:
         message = item.message
         if message.role == "tool":
-            call_id = message.tool_call_id
-            if call_id is not None and call_id in open_calls and call_id not in answered:
-                answered.add(call_id)
-                kept.append(item)
+            if head is not None:
+                call_id = message.tool_call_id
+                if call_id is not None and call_id in open_calls and call_id not in answered:
+                    answered.add(call_id)
+                    append(item)
             continue
-        close_unit()
-        head, answered, open_calls = None, set(), set()
-        if _is_call(message):
-            head, open_calls = len(kept), set(call_ids(message))
-        kept.append(item)
-    close_unit()
+        if head is not None:
+            if len(answered) != whole:
+                removed = _close_unit(kept, head, answered) or removed
+            head = None
+        if message.tool_calls and message.role == "assistant":
+            ids = call_ids(message)
+            head, open_calls, answered = len(kept), set(ids), set()
+            # every call a dict with its own id, all answered: the unit needs no repair
+            whole = len(open_calls) if len(ids) == len(message.tool_calls) else -1
+        append(item)
+    if head is not None and len(answered) != whole:
+        removed = _close_unit(kept, head, answered) or removed
 
-    valid = [item for item in kept if item is not None]
+    valid = (
+        [item for item in kept if item is not None]
+        if removed
+        else cast("list[WindowItem]", kept)  # no None was put in
+    )
+    if valid and valid[0].message.role == "user":
+        return valid, len(items) - len(valid)
     first_user = next((k for k, i in enumerate(valid) if i.message.role == "user"), len(valid))
     valid = valid[first_user:]
     return valid, len(items) - len(valid)
