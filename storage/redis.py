@@ -2,7 +2,7 @@
 
 Every key of a session shares the session's hash tag, ``mp:{ns:agent:session}:<part>``,
 so one Lua script can read or write the whole session atomically on one cluster slot.
-The indexes that span sessions live outside that slot and ride in the same pipeline:
+The indexes that span sessions live outside that slot and ride in the same write:
 
     mp:agents                    zset agent -> last activity
     mp:agent:<agent>:sessions    zset [namespace, session] (JSON) -> last activity
@@ -14,18 +14,18 @@ The session parts are described in ``storage/lua/prelude.lua``.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, cast
 
 import orjson
 from redis.asyncio import Redis
-from redis.asyncio.client import Pipeline
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -34,6 +34,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from storage.base import StoreUnavailable
 from storage.codec import message_from_body
+from storage.redis_wire import Command, ScriptWire, bulk, pack
 from strategies.records import (
     AgentInfo,
     AppendResult,
@@ -80,13 +81,15 @@ LOCK_RELEASE = _Script.load("lock_release")
 class RedisStore:
     """Store backend on Redis: ``redis://host:port/db`` (``rediss://`` for TLS).
 
-    ``load`` and ``append_turn`` are one Lua script each, sent in one pipeline with the
-    commands on the cross-session indexes: one network round trip per call.
+    ``load`` and ``append_turn`` are one Lua script each, written at once with the
+    commands on the cross-session indexes: one network round trip per call (see
+    ``storage/redis_wire.py``).
     """
 
     def __init__(self, url: str) -> None:
         self.url = url
         self._client: Redis | None = None
+        self._wire: ScriptWire | None = None
 
     async def open(self) -> None:
         # No retries: a retried append whose reply was lost would store the turn twice.
@@ -98,8 +101,12 @@ class RedisStore:
             retry=Retry(NoBackoff(), 0),
             decode_responses=False,
         )
+        self._wire = ScriptWire(self._client.connection_pool, SOCKET_TIMEOUT)
 
     async def close(self) -> None:
+        if self._wire is not None:
+            await self._wire.close()
+            self._wire = None
         if self._client is not None:
             await self._client.aclose()
             self._client = None
@@ -123,7 +130,7 @@ class RedisStore:
             LOAD,
             _keys(key, "meta", "msgs", "active", "stubs", "summaries"),
             [spec.limit, spec.since, known, *probe],
-            lambda pipe: pipe.get(_agent_config_key(key.agent)),
+            ((b"GET", _agent_config_key(key.agent)),),
         )
         agent_config = orjson.loads(config) if config else None
         if len(found) == 1:
@@ -142,11 +149,12 @@ class RedisStore:
 
     async def append_turn(self, key: SessionKey, write: TurnWrite) -> AppendResult:
         now = time.time()
+        stamp = repr(now).encode()  # sent three times: formatted once
         fields: list[Any] = []
         for name, value in _meta_updates(write):
             fields += (name, value)
         args: list[Any] = [
-            now,
+            stamp,
             len(write.messages),
             "" if write.supersede_after is None else write.supersede_after,
             "" if write.supersede_until is None else write.supersede_until,
@@ -165,12 +173,10 @@ class RedisStore:
         args.append(len(stubs))
         for seq, stub in stubs.items():
             args += (seq, stub or "")
-        member = orjson.dumps([key.namespace, key.session])
-
-        def indexes(pipe: Pipeline) -> None:
-            pipe.zadd(AGENTS, {key.agent: now})
-            pipe.zadd(_sessions_key(key.agent), {member: now})
-
+        indexes = (
+            (b"ZADD", AGENTS, stamp, key.agent),
+            (b"ZADD", _sessions_key(key.agent), stamp, orjson.dumps([key.namespace, key.session])),
+        )
         (first, superseded, meta), *_ = await self._run(
             APPEND, _keys(key, "meta", "msgs", "active", "users", "stubs", "tools"), args, indexes
         )
@@ -274,7 +280,7 @@ class RedisStore:
             DELETE,
             _keys(key, *SESSION_PARTS),
             [],
-            lambda pipe: pipe.zrem(_sessions_key(key.agent), member),
+            ((b"ZREM", _sessions_key(key.agent), member),),
         )
         return bool(existed)
 
@@ -354,33 +360,46 @@ class RedisStore:
     async def _run(
         self,
         script: _Script,
-        keys: Sequence[str],
+        keys: tuple[str, ...],
         args: Sequence[Any],
-        extra: Callable[[Pipeline], object] | None = None,
+        extra: Sequence[Command] = (),
     ) -> list[Any]:
-        """EVALSHA ``script`` plus the ``extra`` commands in one pipeline: one round trip.
+        """EVALSHA ``script`` plus the ``extra`` commands in one write: one round trip.
 
         Not redis-py's ``register_script``: in a pipeline it first asks SCRIPT EXISTS,
         a second round trip on every call.
         """
+        if self._wire is None:
+            raise RuntimeError("RedisStore used before open()")
+        packed = b"*%d\r\n%b%b%b" % (
+            3 + len(keys) + len(args),
+            _evalsha_head(script.sha, keys),
+            bulk(args),
+            pack(extra),
+        )
         with self._errors():
-            pipe = self._redis.pipeline(transaction=False)
-            pipe.evalsha(script.sha, len(keys), *keys, *args)
-            if extra is not None:
-                extra(pipe)
-            results = await pipe.execute(raise_on_error=False)
-            if isinstance(results[0], NoScriptError):
+            replies = await self._wire.call(packed, 1 + len(extra))
+            if isinstance(replies[0], NoScriptError):
                 # the script cache is empty (first call, restart, SCRIPT FLUSH); EVAL fills it
-                results[0] = await self._redis.eval(script.source, len(keys), *keys, *args)
-        for result in results:
-            if isinstance(result, Exception):
-                raise result
-        return list(results)
+                (replies[0],) = await self._wire.call(
+                    pack(((b"EVAL", script.source, len(keys), *keys, *args),)), 1
+                )
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+        return replies
 
 
-def _keys(key: SessionKey, *parts: str) -> list[str]:
+@functools.lru_cache(maxsize=4096)
+def _keys(key: SessionKey, *parts: str) -> tuple[str, ...]:
     prefix = f"mp:{key.tag}:"
-    return [prefix + part for part in parts]
+    return tuple(prefix + part for part in parts)
+
+
+@functools.lru_cache(maxsize=4096)
+def _evalsha_head(sha: str, keys: tuple[str, ...]) -> bytes:
+    """The packed start of ``EVALSHA sha len(keys) *keys``: the same every turn of a session."""
+    return bulk((b"EVALSHA", sha, len(keys), *keys))
 
 
 def _sessions_key(agent: str) -> str:
@@ -461,20 +480,25 @@ def _decode_messages(
     return decoded
 
 
-def _decode_meta(flat: Sequence[bytes]) -> SessionMeta:
-    raw = dict(zip(flat[::2], flat[1::2], strict=True))
-    prompt = raw.get(b"system_prompt")
+def _decode_meta(values: Sequence[bytes | None]) -> SessionMeta:
+    """The meta from the scripts' ``HMGET meta unpack(META)``: values in field order,
+    None for a field never written."""
+    head, active, chain, user, boundary, prompt, system_tokens, calibration, model, created, \
+        updated, version = values  # fmt: skip
     return SessionMeta(
-        head_seq=int(raw.get(b"head_seq", 0)),
-        active_count=int(raw.get(b"active_count", 0)),
-        head_chain=raw.get(b"head_chain", b"").decode(),
-        last_user_seq=int(raw.get(b"last_user_seq", 0)),
-        boundary_seq=int(raw.get(b"boundary_seq", 0)),
-        system_prompt=orjson.loads(prompt) if prompt else None,
-        system_tokens=int(raw.get(b"system_tokens", 0)),
-        calibration=float(raw.get(b"calibration", 1.0)),
-        model=raw.get(b"model", b"").decode(),
-        created_at=float(raw.get(b"created_at", 0.0)),
-        updated_at=float(raw.get(b"updated_at", 0.0)),
-        version=int(raw.get(b"version", 0)),
+        int(head or 0), int(active or 0), chain.decode() if chain else "", int(user or 0),
+        int(boundary or 0), orjson.loads(prompt) if prompt else None, int(system_tokens or 0),
+        float(calibration or 1.0), model.decode() if model else "", float(created or 0.0),
+        float(updated or 0.0), int(version or 0),
+    )  # fmt: skip
+
+
+# the scripts read the meta in this order (META in lua/prelude.lua)
+if tuple(f.name for f in fields(SessionMeta)) != (
+    "head_seq", "active_count", "head_chain", "last_user_seq", "boundary_seq", "system_prompt",
+    "system_tokens", "calibration", "model", "created_at", "updated_at", "version",
+):  # fmt: skip
+    raise ImportError(
+        "SessionMeta fields changed: update META in storage/lua/prelude.lua and "
+        "storage/redis.py _decode_meta"
     )

@@ -15,10 +15,8 @@ import asyncio
 import sqlite3
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
-from dataclasses import fields
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -50,7 +48,7 @@ CHECKPOINT_EVERY = 256
 # (writers that arrive meanwhile wait for it on the store's thread, not on the loop).
 WAL_RESTART_FRAMES = 4096
 KEY = "namespace = ? AND agent = ? AND session = ?"
-META_FIELDS = tuple(f.name for f in fields(SessionMeta))
+READ_META = f"SELECT meta FROM sessions WHERE {KEY}"
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -96,12 +94,12 @@ INSERT_MESSAGE = (
     "INSERT INTO messages (namespace, agent, session, seq, role, chain, tool_call_id,"
     " compressed, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
-UPSERT_SESSION = (
-    "INSERT INTO sessions (namespace, agent, session, meta, updated_at, message_count)"
-    " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (namespace, agent, session) DO UPDATE SET"
-    " meta = excluded.meta, updated_at = excluded.updated_at,"
-    " message_count = excluded.message_count"
+# an append knows whether its session exists (it read the meta): no upsert needed
+INSERT_SESSION = (
+    "INSERT INTO sessions (meta, updated_at, message_count, namespace, agent, session)"
+    " VALUES (?, ?, ?, ?, ?, ?)"
 )
+UPDATE_SESSION = f"UPDATE sessions SET meta = ?, updated_at = ?, message_count = ? WHERE {KEY}"
 # The agent's stored config and the session's meta, in one statement
 LOAD_HEAD = (
     "SELECT (SELECT config FROM agent_configs WHERE agent = ?),"
@@ -185,7 +183,7 @@ class SqliteStore:
         rows = [(stub or None, *_ids(key), seq) for seq, stub in stubs.items()]
 
         def update(conn: sqlite3.Connection) -> None:
-            with _transaction(conn):
+            with _Transaction(conn):
                 conn.executemany(
                     f"UPDATE messages SET compressed = ? WHERE {KEY} AND seq = ?", rows
                 )
@@ -228,7 +226,7 @@ class SqliteStore:
 
     async def set_calibration(self, key: SessionKey, value: float) -> None:
         def update(conn: sqlite3.Connection) -> None:
-            with _transaction(conn):
+            with _Transaction(conn):
                 meta = _read_meta(conn, _ids(key))
                 if meta is not None:
                     meta.calibration = float(value)
@@ -253,7 +251,7 @@ class SqliteStore:
 
     async def delete_session(self, key: SessionKey) -> bool:
         def delete(conn: sqlite3.Connection) -> bool:
-            with _transaction(conn):
+            with _Transaction(conn):
                 existed = conn.execute(f"DELETE FROM sessions WHERE {KEY}", _ids(key)).rowcount
                 for table in ("messages", "summaries", "locks"):
                     conn.execute(f"DELETE FROM {table} WHERE {KEY}", _ids(key))
@@ -390,7 +388,7 @@ class SqliteStore:
 
 
 def _open_connection(path: str, *, busy_timeout_ms: int, checkpoints: bool) -> sqlite3.Connection:
-    # autocommit mode: transactions are opened explicitly by _transaction()
+    # autocommit mode: transactions are opened explicitly by _Transaction
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     conn.execute("PRAGMA journal_mode = WAL")
     # WAL + NORMAL: a commit is in the WAL (the OS page cache) when append_turn
@@ -412,23 +410,28 @@ def _is_busy(exc: sqlite3.OperationalError) -> bool:
 
 
 def _put_parts(conn: sqlite3.Connection, rows: list[tuple[str, str, bytes]]) -> None:
-    with _transaction(conn):
+    with _Transaction(conn):
         conn.executemany(
             "INSERT OR IGNORE INTO parts (digest, media_type, data) VALUES (?, ?, ?)", rows
         )
 
 
-@contextmanager
-def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
-    # IMMEDIATE takes the write lock up front: another process on the same file waits
-    # (busy_timeout) instead of failing halfway through an upgrade from read to write
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        yield
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-    conn.execute("COMMIT")
+class _Transaction:
+    """One write transaction: committed, or rolled back when the block raises. A class,
+    not ``@contextmanager``: a generator per append costs more than the statements' glue."""
+
+    __slots__ = ("conn",)
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    def __enter__(self) -> None:
+        # IMMEDIATE takes the write lock up front: another process on the same file waits
+        # (busy_timeout) instead of failing halfway through an upgrade from read to write
+        self.conn.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        self.conn.execute("COMMIT" if kind is None else "ROLLBACK")
 
 
 def _ids(key: SessionKey) -> tuple[str, str, str]:
@@ -436,8 +439,16 @@ def _ids(key: SessionKey) -> tuple[str, str, str]:
 
 
 def _read_meta(conn: sqlite3.Connection, ids: tuple[str, str, str]) -> SessionMeta | None:
-    row = conn.execute(f"SELECT meta FROM sessions WHERE {KEY}", ids).fetchone()
-    return SessionMeta.from_dict(orjson.loads(row[0])) if row else None
+    row = conn.execute(READ_META, ids).fetchone()
+    return _decode_meta(row[0]) if row else None
+
+
+def _decode_meta(text: str) -> SessionMeta:
+    data = orjson.loads(text)
+    try:
+        return SessionMeta(**data)  # as _encode_meta wrote it: a third of from_dict's cost
+    except TypeError:  # written by a version with fields this one no longer has
+        return SessionMeta.from_dict(data)
 
 
 def _load(
@@ -447,13 +458,23 @@ def _load(
     probe: list[str],
     known_version: int | None = None,
 ) -> SessionSnapshot:
+    if known_version is not None and not probe:
+        # the common turn of a cached session: one statement is its own snapshot
+        config_json, meta_json = conn.execute(LOAD_HEAD, (ids[1], *ids)).fetchone()
+        if meta_json is None:
+            agent_config = orjson.loads(config_json) if config_json else None
+            return SessionSnapshot(SessionMeta(), [], [], agent_config=agent_config)
+        meta = _decode_meta(meta_json)
+        if meta.version == known_version:
+            agent_config = orjson.loads(config_json) if config_json else None
+            return SessionSnapshot(meta, [], [], 0, 0, agent_config, exists=True, unchanged=True)
     conn.execute("BEGIN")  # one snapshot for the whole read
     try:
         config_json, meta_json = conn.execute(LOAD_HEAD, (ids[1], *ids)).fetchone()
         agent_config = orjson.loads(config_json) if config_json else None
         if meta_json is None:
             return SessionSnapshot(SessionMeta(), [], [], agent_config=agent_config)
-        meta = SessionMeta.from_dict(orjson.loads(meta_json))
+        meta = _decode_meta(meta_json)
         if known_version is not None and meta.version == known_version:
             matched, matched_seq = _match_probe(conn, ids, probe)
             return SessionSnapshot(
@@ -504,8 +525,9 @@ def _match_probe(
 def _append(
     conn: sqlite3.Connection, ids: tuple[str, str, str], write: TurnWrite, now: float
 ) -> AppendResult:
-    with _transaction(conn):
-        meta = _read_meta(conn, ids) or SessionMeta(created_at=now, version=first_version(now))
+    with _Transaction(conn):
+        stored = _read_meta(conn, ids)
+        meta = stored or SessionMeta(created_at=now, version=first_version(now))
         meta.version += 1
         superseded = 0
         if write.supersede_after is not None:
@@ -536,7 +558,10 @@ def _append(
             value = getattr(write, name)
             if value is not None:
                 setattr(meta, name, value)
-        conn.execute(UPSERT_SESSION, (*ids, _encode_meta(meta), now, meta.active_count))
+        conn.execute(
+            INSERT_SESSION if stored is None else UPDATE_SESSION,
+            (_encode_meta(meta), now, meta.active_count, *ids),
+        )
     return AppendResult(
         seqs=list(range(first, first + len(rows))), superseded=superseded, meta=meta
     )
@@ -577,7 +602,7 @@ def _add_summary(
     summary: SummaryRecord,
     expect_boundary: int | None,
 ) -> SummaryRecord | None:
-    with _transaction(conn):
+    with _Transaction(conn):
         meta = _read_meta(conn, ids)
         if meta is None or expect_boundary not in (None, meta.boundary_seq):
             return None
@@ -602,7 +627,7 @@ def _acquire_lock(
     conn: sqlite3.Connection, ids: tuple[str, str, str], name: str, ttl: float
 ) -> str | None:
     now = time.time()
-    with _transaction(conn):
+    with _Transaction(conn):
         held = conn.execute(
             f"SELECT expires_at FROM locks WHERE {KEY} AND name = ?", (*ids, name)
         ).fetchone()
@@ -629,7 +654,8 @@ def _write_meta(conn: sqlite3.Connection, ids: tuple[str, str, str], meta: Sessi
 
 
 def _encode_meta(meta: SessionMeta) -> str:
-    return orjson.dumps({name: getattr(meta, name) for name in META_FIELDS}).decode()
+    # orjson writes a dataclass as the object of its fields, in order
+    return orjson.dumps(meta).decode()
 
 
 def _encode_message(message: StoredMessage, now: float) -> str:

@@ -4,20 +4,21 @@
 --       (fingerprint, role, tool_call_id, stub, body) * count,
 --       nstubs, (seq, stub or '' to clear) * nstubs   -- compression stubs of older messages
 -- body is the message JSON without seq and chain; it always starts with '{"'.
--- Returns {first seq, superseded count, meta}.
+-- Returns {first seq, superseded count, meta (values of META)}.
 local meta, msgs, active, users, stubs, tools = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local now, count = ARGV[1], tonumber(ARGV[2])
 local after, upto = ARGV[3], ARGV[4]
 local nfields = tonumber(ARGV[5])
 
-if redis.call('HEXISTS', meta, 'version') == 0 then
+local state = redis.call('HMGET', meta, 'head_seq', 'head_chain', 'last_user_seq', 'version')
+if not state[4] then
   -- a new session (or one stored before versions): start from the time (see records.py)
   local time = redis.call('TIME')
   redis.call('HSET', meta, 'version', time[1] .. string.format('%06d', tonumber(time[2])) .. '000')
+  redis.call('HSETNX', meta, 'created_at', now)
 end
 redis.call('HINCRBY', meta, 'version', 1)
 
-local state = redis.call('HMGET', meta, 'head_seq', 'head_chain', 'last_user_seq')
 local head = tonumber(state[1] or '0')
 local chain = state[2] or ''
 local last_user = tonumber(state[3] or '0')
@@ -72,5 +73,4 @@ for i = 1, nfields do
   fields[#fields + 1] = ARGV[5 + 2 * i]
 end
 redis.call('HSET', meta, unpack(fields))
-redis.call('HSETNX', meta, 'created_at', now)
-return {first, superseded, redis.call('HGETALL', meta)}
+return {first, superseded, redis.call('HMGET', meta, unpack(META))}

@@ -1,24 +1,26 @@
 -- One turn's read. KEYS: meta, msgs, active, stubs, summaries
 -- ARGV: limit, since (all|boundary|turn), known version ('' = none), probe chain hashes...
--- Returns {meta, messages (JSON array), stubs ({seq, stub, ...}), summaries, matched,
--- matched_seq, unchanged}; {meta} when the session is missing. unchanged is 1 when the
--- session's version is the known one: messages and summaries are then not read.
-local meta = redis.call('HGETALL', KEYS[1])
-if #meta == 0 then return {meta} end
+-- Returns {meta (values of META), messages (JSON array), stubs ({seq, stub, ...}),
+-- summaries, matched, matched_seq, unchanged}; {0} when the session is missing. unchanged
+-- is 1 when the session's version is the known one: messages and summaries are then not
+-- read.
+local meta = redis.call('HMGET', KEYS[1], unpack(META))
+-- every append writes head_seq: a meta without it is a missing session
+if not meta[1] and redis.call('EXISTS', KEYS[1]) == 0 then return {0} end
 local PROBE = 4
 
 local limit = tonumber(ARGV[1])
 local since = ARGV[2]
 local low = '-inf'
 if since == 'boundary' then
-  low = '(' .. (redis.call('HGET', KEYS[1], 'boundary_seq') or '0')
+  low = '(' .. (meta[5] or '0')
 elseif since == 'turn' then
-  local last_user = redis.call('HGET', KEYS[1], 'last_user_seq') or '0'
+  local last_user = meta[4] or '0'
   if last_user ~= '0' then low = last_user end
 end
 
 local unchanged = 0
-if ARGV[3] ~= '' and redis.call('HGET', KEYS[1], 'version') == ARGV[3] then
+if ARGV[3] ~= '' and meta[12] == ARGV[3] then
   unchanged, limit = 1, 0
 end
 

@@ -3,6 +3,12 @@
 -- by seq: active messages only), users (zset of active user seqs), stubs (hash seq ->
 -- compressed_content), tools (hash tool_call_id -> seqs), summaries (list), locks (hash).
 
+-- the meta fields a script returns, in SessionMeta's order (storage/redis.py _decode_meta)
+local META = {
+  'head_seq', 'active_count', 'head_chain', 'last_user_seq', 'boundary_seq', 'system_prompt',
+  'system_tokens', 'calibration', 'model', 'created_at', 'updated_at', 'version',
+}
+
 -- unpack() is bounded by the Lua C stack (~8000 values): read big field lists in chunks
 local function hmget(key, fields)
   local out = {}

@@ -1,0 +1,234 @@
+"""The store's share of a turn: ``Store.load`` then ``Store.append_turn``, in process.
+
+Every proxied turn makes exactly these two store calls (proxy/turns.py ``load_session``
+and ``persist_turn``). With the session cache warm, the load passes the version the
+previous append returned and the store answers ``unchanged`` without reading messages.
+This times that loop on each backend: a pool of sessions of 20 stored messages, each turn
+``load(known_version=..., probe=[])`` then ``append_turn`` of a user message and a reply
+(with the model and calibration every turn writes). Numbers are CPU microseconds per turn:
+``time.process_time`` of this process and, for Redis, the redis-server's CPU (from
+``/proc/PID/task/*/schedstat``), best of several repeats.
+
+    python bench/store_micro.py                     # this checkout, both backends
+    python bench/store_micro.py --baseline DIR      # side by side with DIR/storage
+
+``--baseline`` runs each measurement in child processes, alternating: one with ``DIR``
+ahead of the repository on ``sys.path`` (another copy of the ``storage`` package, e.g.
+one exported from an earlier commit) and one without. One redis-server (started here, on
+loopback) serves every run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+TESTS = HERE.parent / "tests"
+MODEL = "gpt-4o-mini"
+
+
+def _import_path(impl: str | None) -> None:
+    import _paths  # noqa: F401  (the repository root on sys.path)
+
+    if impl:
+        sys.path.insert(0, str(Path(impl).resolve()))
+
+
+def _server_cpu_ns(pid: int | None) -> int:
+    """CPU time of every thread of ``pid`` in nanoseconds (0 without a pid)."""
+    if pid is None:
+        return 0
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
+async def _measure(
+    url: str, server_pid: int | None, turns: int, sessions: int, prompt_chars: int = 0
+) -> dict[str, Any]:
+    from populate import history
+
+    from storage.registry import open_store
+    from strategies.records import LoadSpec, SessionKey, StoredMessage, TurnWrite
+
+    store = open_store(url)
+    await store.open()
+    spec = LoadSpec(limit=500, since="all")
+    run = os.urandom(4).hex()
+    keys = [SessionKey("ns-bench", "bench", f"s-{run}-{i}") for i in range(sessions)]
+    versions: dict[SessionKey, int] = {}
+    stored = history(20)
+    # the proxy writes the system prompt with the first turn and again only when it changes
+    prompt = [{"role": "system", "content": ("You are a careful analyst. " * 400)[:prompt_chars]}]
+    for key in keys:
+        for start in range(0, len(stored), 4):
+            write = TurnWrite(messages=stored[start : start + 4])
+            if start == 0 and prompt_chars:
+                write.system_prompt, write.system_tokens = prompt, prompt_chars // 4
+            result = await store.append_turn(key, write)
+        versions[key] = result.meta.version
+    fresh = history(2 * (turns + 200), start=20)
+
+    def new(message: StoredMessage, **meta: str) -> StoredMessage:
+        return StoredMessage(role=message.role, content=message.content, tokens=message.tokens,
+                             fingerprint=message.fingerprint, created_at=time.time(), meta=meta)
+
+    async def turn(index: int) -> None:
+        key = keys[index % sessions]
+        snapshot = await store.load(key, spec, probe=[], known_version=versions[key])
+        if not snapshot.unchanged:
+            raise AssertionError("the load read messages: the known version did not match")
+        messages = [new(fresh[2 * index]), new(fresh[2 * index + 1], model=MODEL)]
+        write = TurnWrite(messages=messages, model=MODEL, calibration=1.05)
+        result = await store.append_turn(key, write)
+        versions[key] = result.meta.version
+
+    for index in range(200):  # warm: script cache, statement cache, pages
+        await turn(index)
+    gc.collect()
+    server_before, cpu_before, wall_before = (
+        _server_cpu_ns(server_pid), time.process_time(), time.perf_counter()
+    )
+    sys_before = resource.getrusage(resource.RUSAGE_SELF).ru_stime
+    for index in range(200, 200 + turns):
+        await turn(index)
+    cpu = time.process_time() - cpu_before
+    system = resource.getrusage(resource.RUSAGE_SELF).ru_stime - sys_before
+    wall = time.perf_counter() - wall_before
+    server = (_server_cpu_ns(server_pid) - server_before) / 1e9
+    await store.close()
+    return {
+        "client_us": cpu / turns * 1e6,
+        "client_sys_us": system / turns * 1e6,
+        "server_us": server / turns * 1e6 if server_pid else None,
+        "wall_us": wall / turns * 1e6,
+    }
+
+
+def child(args: argparse.Namespace) -> None:
+    _import_path(args.impl)
+    sys.path.insert(0, str(HERE))
+    import storage
+
+    if args.loop == "uvloop":
+        import uvloop
+
+        uvloop.install()
+    with tempfile.TemporaryDirectory(prefix="store-micro-") as tmp:
+        url = args.url or f"sqlite:///{tmp}/store.db"
+        out = asyncio.run(
+            _measure(url, args.server_pid, args.turns, args.sessions, args.system_prompt_chars)
+        )
+    out["storage"] = str(Path(storage.__file__).resolve().parent)
+    print(json.dumps(out))
+
+
+def _run_child(
+    impl: str | None,
+    url: str | None,
+    server_pid: int | None,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    command = [sys.executable, __file__, "--child", "--turns", str(args.turns),
+               "--sessions", str(args.sessions), "--loop", args.loop,
+               "--system-prompt-chars", str(args.system_prompt_chars)]  # fmt: skip
+    if impl:
+        command += ["--impl", impl]
+    if url:
+        command += ["--url", url]
+    if server_pid:
+        command += ["--server-pid", str(server_pid)]
+    done = subprocess.run(command, check=True, capture_output=True, text=True)
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--turns", type=int, default=3000)
+    parser.add_argument("--sessions", type=int, default=50)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--system-prompt-chars", type=int, default=0,
+        help="give every session a stored system prompt of this many characters",
+    )
+    parser.add_argument("--backend", choices=["sqlite", "redis", "both"], default="both")
+    parser.add_argument(
+        "--loop", choices=["asyncio", "uvloop"], default="uvloop",
+        help="event loop (memory-proxy serve runs on uvloop when it is installed)",
+    )
+    parser.add_argument("--baseline", help="a directory holding another storage/ package")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--impl", help=argparse.SUPPRESS)
+    parser.add_argument("--url", help=argparse.SUPPRESS)
+    parser.add_argument("--server-pid", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args)
+        return
+
+    sys.path.insert(0, str(TESTS))
+    from redis_server import RedisServer, flush_redis
+
+    backends = ["sqlite", "redis"] if args.backend == "both" else [args.backend]
+    impls: list[tuple[str, str | None]] = [("current", None)]
+    if args.baseline:
+        impls.insert(0, ("baseline", args.baseline))
+    server = RedisServer().start() if "redis" in backends else None
+    try:
+        best: dict[tuple[str, str], dict[str, Any]] = {}
+        totals: dict[tuple[str, str], list[float]] = {}
+        for _ in range(args.repeats):
+            for backend in backends:
+                for name, impl in impls:
+                    url = pid = None
+                    if backend == "redis" and server is not None and server.process is not None:
+                        url, pid = server.url, server.process.pid
+                        flush_redis(url)
+                    out = _run_child(impl, url, pid, args)
+                    total = out["client_us"] + (out["server_us"] or 0.0)
+                    slot = (backend, name)
+                    totals.setdefault(slot, []).append(total)
+                    if slot not in best or total < best[slot]["total_us"]:
+                        best[slot] = out | {"total_us": total}
+    finally:
+        if server is not None:
+            server.close()
+
+    print(f"CPU us per turn (load unchanged + append of 2 messages), {args.turns} turns, "
+          f"{args.sessions} sessions of 20+ messages, {args.loop}, best of {args.repeats}, "
+          f"system prompt {args.system_prompt_chars} chars")
+    print("best run: client CPU (of which system), redis-server CPU, their total, wall time;"
+          " and the median total over the repeats")
+    print(f"{'backend':8} {'impl':9} {'client':>8} {'(sys)':>7} {'server':>8} {'total':>8} "
+          f"{'wall':>8} {'median':>8}")
+    for (backend, name), out in best.items():
+        server_us = out["server_us"]
+        print(f"{backend:8} {name:9} {out['client_us']:8.1f} {out['client_sys_us']:7.1f} "
+              f"{'-' if server_us is None else f'{server_us:.1f}':>8} "
+              f"{out['total_us']:8.1f} {out['wall_us']:8.1f} "
+              f"{statistics.median(totals[(backend, name)]):8.1f}")  # fmt: skip
+    if args.baseline:
+        for backend in backends:
+            old, new = best[(backend, "baseline")], best[(backend, "current")]
+            print(f"{backend}: client {new['client_us'] / old['client_us']:.2f}x, "
+                  f"total {new['total_us'] / old['total_us']:.2f}x of the baseline")
+
+
+if __name__ == "__main__":
+    main()
