@@ -27,6 +27,8 @@ def schedule_after_turn(
     services: Services, turn: Turn, result: AppendResult, headers: dict[str, str]
 ) -> SummarizePlan | None:
     services.remember_credentials(turn.key, headers)
+    if not turn.strategy.plans_after_turn(turn.agent.config):
+        return None
     stubs = turn.window.new_stubs
     # the session as stored now: with this turn's messages and its compression stubs. The
     # loaded messages come first in the context, in seq order, and every appended seq is

@@ -14,6 +14,7 @@ calibration (``ctx.calibration``) is applied in every decision against the conte
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from strategies.base import (
     CompactPlan,
@@ -133,6 +134,9 @@ class AutoCompactStrategy:
             tokens=total,
             notes=notes,
         )
+
+    def plans_after_turn(self, config: Any) -> bool:
+        return True
 
     def after_turn(self, ctx: WindowContext, window_tokens: int) -> SummarizePlan | None:
         """A compaction of the whole live conversation once the measured window is strictly

@@ -107,6 +107,10 @@ class Strategy(Protocol):
     def select(self, ctx: WindowContext) -> Window:
         """Choose and shape the window. Must return a valid window (see validity.py)."""
 
+    def plans_after_turn(self, config: Any) -> bool:
+        """Whether ``after_turn`` can return a plan under ``config`` at all: when it cannot,
+        the caller skips building its context after every turn."""
+
     def after_turn(self, ctx: WindowContext, window_tokens: int) -> SummarizePlan | None:
         """After a response: the summarization or compaction to run now, if any.
         ``window_tokens`` is the live window's measured size (calibrated)."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from strategies.base import CompactPlan, SummarizePlan, Window, WindowContext
 from strategies.config import FullConfig
 from strategies.records import LoadSpec
@@ -26,6 +28,9 @@ class FullStrategy:
         return Window(
             items=items, trimmed=dropped, tokens=estimate_window_tokens(ctx, items), notes=notes
         )
+
+    def plans_after_turn(self, config: Any) -> bool:
+        return False
 
     def after_turn(self, ctx: WindowContext, window_tokens: int) -> SummarizePlan | None:
         return None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from strategies.base import CompactPlan, SummarizePlan, Window, WindowContext
 from strategies.config import NoneConfig
 from strategies.records import LoadSpec
@@ -25,6 +27,9 @@ class NoneStrategy:
         items, _ = make_valid(as_items(ctx.messages[start:]))
         trimmed = len(ctx.messages) - len(items)
         return Window(items=items, trimmed=trimmed, tokens=estimate_window_tokens(ctx, items))
+
+    def plans_after_turn(self, config: Any) -> bool:
+        return False
 
     def after_turn(self, ctx: WindowContext, window_tokens: int) -> SummarizePlan | None:
         return None

@@ -18,6 +18,7 @@ calibration (``ctx.calibration``) is applied in every decision against the conte
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from strategies.base import (
     CompactPlan,
@@ -242,6 +243,9 @@ class SummarizingWindowStrategy:
         """The live window before trimming, as an estimate (uncalibrated)."""
         _summary, fixed, _start, sizes, _shaped = self._live(ctx)
         return fixed + sum(sizes)
+
+    def plans_after_turn(self, config: Any) -> bool:
+        return bool(config.autoSummarize)
 
     def after_turn(self, ctx: WindowContext, window_tokens: int) -> SummarizePlan | None:
         """Summarize the oldest unsummarized range when ``autoSummarize`` is on and the

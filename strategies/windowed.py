@@ -11,6 +11,8 @@ cannot start with a user message and is left empty of that turn.
 
 from __future__ import annotations
 
+from typing import Any
+
 from strategies.base import CompactPlan, SummarizePlan, Window, WindowContext
 from strategies.config import WindowedConfig
 from strategies.records import LoadSpec
@@ -42,6 +44,9 @@ class WindowedStrategy:
         return Window(
             items=items, trimmed=trimmed, tokens=estimate_window_tokens(ctx, items), notes=notes
         )
+
+    def plans_after_turn(self, config: Any) -> bool:
+        return False
 
     def after_turn(self, ctx: WindowContext, window_tokens: int) -> SummarizePlan | None:
         return None
