@@ -171,7 +171,7 @@ def render(r: dict[str, Any]) -> str:
                 ratios.append(f"{key} {100 * c['hits_total'] / turns:.0f}% of {turns:,.0f} turns")
         lines += [
             f"C and C' run with `MEMORY_PROXY_SESSION_CACHE_MB={r['main_cache_mb']}` in the "
-            "phases below (the default, 32 MB, holds about a third of the shared pool's "
+            "phases below (the default, 16 MB, holds about a sixth of the shared pool's "
             f"{r['plan']['pool_sessions']:,} sessions as they grow over the run), so the "
             "measured turns find their session in the cache: an agent's next turn on a "
             "session this process served before. Cache hits over the run: "

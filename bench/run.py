@@ -31,7 +31,7 @@ from servers import LITELLM_VENV, OUT, ROOT, TOOLS_VENV
 
 CONCURRENCIES = (1, 8, 32, 64)
 # the session cache of the C and C' servers of the main phases: room for the shared pool's
-# sessions as they grow over the run (the default, 32 MB, holds about a third of them; the
+# sessions as they grow over the run (the default, 16 MB, holds about a sixth of them; the
 # memory check further down runs a proxy with the defaults)
 MAIN_CACHE_MB = 256
 HISTORIES = (1, 20, 100, 1000, 10000)

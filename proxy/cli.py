@@ -50,6 +50,8 @@ def serve(args: argparse.Namespace) -> int:
         value = getattr(args, attr, None)
         if value is not None:
             os.environ[f"MEMORY_PROXY_{env}"] = str(value)
+    # a serving process (and every worker it forks) tunes the GC after start-up
+    os.environ.setdefault("MEMORY_PROXY_TUNE_GC", "true")
 
     import uvicorn
 

@@ -40,7 +40,10 @@ class Settings(BaseSettings):
     summarizer_calls_per_hour: int = 30
     # memory for sessions kept decoded across turns, estimated (proxy/session_cache.py);
     # 0 turns the cache off
-    session_cache_mb: float = Field(default=32, ge=0)
+    session_cache_mb: float = Field(default=16, ge=0)
+    # set by `memory-proxy serve`: after start-up, freeze what exists (imports, tokenizers)
+    # out of the cyclic GC's sight and collect the young generation less often (see app.py)
+    tune_gc: bool = False
     log_level: str = "info"
 
     @property

@@ -70,3 +70,30 @@ def test_a_bad_body_gets_a_400_in_openai_shape_from_the_fast_path(proxy):
     assert response.status_code == 400
     assert set(response.json()["error"]) == {"message", "type", "param", "code"}
     assert response.json()["error"]["code"] == "invalid_json"
+
+
+def test_a_serving_process_freezes_start_up_objects_and_raises_gc_thresholds():
+    import subprocess
+    import sys
+
+    script = (
+        "import asyncio, gc\n"
+        "from proxy.app import create_app, GC_THRESHOLDS\n"
+        "from proxy.settings import Settings\n"
+        "async def main():\n"
+        "    app = create_app(Settings(store_url='sqlite:///:memory:', tune_gc=True,\n"
+        "                              upstream_url='http://127.0.0.1:9/v1'))\n"
+        "    async with app.router.lifespan_context(app):\n"
+        "        assert gc.get_freeze_count() > 10000, gc.get_freeze_count()\n"
+        "        assert gc.get_threshold() == GC_THRESHOLDS\n"
+        "asyncio.run(main())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+def test_apps_built_in_process_leave_the_gc_alone(proxy):
+    import gc
+
+    assert gc.get_threshold()[0] == 700
