@@ -130,6 +130,7 @@ def make_proxy(
 
     yield make
     for proxy in running:
+        proxy.close_clients()
         proxy.server.stop()
 
 

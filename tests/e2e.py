@@ -22,6 +22,9 @@ class RunningProxy:
     def __init__(self, server: ThreadedServer, services: Services) -> None:
         self.server = server
         self.services = services
+        # closed at teardown: a client left to the cyclic GC may have its socket finalized
+        # before its own close, which warns about an unclosed socket in a later test
+        self.clients: list[openai.OpenAI] = []
 
     @property
     def base(self) -> str:
@@ -36,8 +39,15 @@ class RunningProxy:
 
     def client(self, agent: str | None = None, session: str | None = None, *,
                api_key: str = CLIENT_KEY, **kwargs: Any) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.url(agent, session), api_key=api_key,
-                             max_retries=0, timeout=20, **kwargs)
+        client = openai.OpenAI(base_url=self.url(agent, session), api_key=api_key,
+                               max_retries=0, timeout=20, **kwargs)
+        self.clients.append(client)
+        return client
+
+    def close_clients(self) -> None:
+        for client in self.clients:
+            client.close()
+        self.clients.clear()
 
     def call(self, coro: Any) -> Any:
         return self.server.call(coro)
