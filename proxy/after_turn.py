@@ -12,7 +12,7 @@ from proxy.summarizer import SummarizerBusy, SummarizerError, run_plan
 from proxy.turns import Turn, current_turn_start
 from storage.base import StoreUnavailable
 from strategies.base import SummarizePlan
-from strategies.records import AppendResult
+from strategies.records import AppendResult, with_stubs
 
 logger = logging.getLogger("memory_proxy.after_turn")
 
@@ -34,12 +34,7 @@ def schedule_after_turn(
     # loaded messages come first in the context, in seq order, and every appended seq is
     # above them (the store appends at its head)
     loaded = turn.context.messages[: len(turn.context.messages) - len(turn.new_messages)]
-    if stubs:
-        loaded = [
-            dataclasses.replace(m, compressed_content=stubs[m.seq]) if m.seq in stubs else m
-            for m in loaded
-        ]
-    messages = [*loaded, *turn.appended]
+    messages = [*with_stubs(loaded, stubs), *turn.appended]
     calibration = result.meta.calibration or turn.context.calibration
     context = dataclasses.replace(
         turn.context,

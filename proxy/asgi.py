@@ -15,9 +15,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.disconnect import ClientDisconnected, DisconnectWatch
-from proxy.errors import PayloadTooLarge, ProxyError
+from proxy.disconnect import DisconnectWatch
+from proxy.errors import ProxyError
 from proxy.metrics import inc
+from proxy.requests import receive_body
 
 logger = logging.getLogger("memory_proxy")
 
@@ -55,23 +56,7 @@ class ChatCall:
         return cls(header_map(scope), dict(scope.get("path_params") or {}), receive)
 
     async def body(self, limit: int) -> bytes:
-        declared = self.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise PayloadTooLarge(f"request body exceeds the {limit} byte limit")
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await self.receive()
-            if message["type"] == "http.disconnect":
-                raise ClientDisconnected("the client closed the connection mid-request")
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                raise PayloadTooLarge(f"request body exceeds the {limit} byte limit")
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        return await receive_body(self.receive, self.headers.get("content-length"), limit)
 
 
 def _raw_headers(headers: dict[str, str], media_type: bytes) -> list[tuple[bytes, bytes]]:

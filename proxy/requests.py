@@ -6,22 +6,34 @@ from typing import Any
 
 import orjson
 from starlette.requests import Request
+from starlette.types import Receive
 
+from proxy.disconnect import ClientDisconnected
 from proxy.errors import BadRequest, PayloadTooLarge
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
+    return await receive_body(request.receive, request.headers.get("content-length"), limit)
+
+
+async def receive_body(receive: Receive, declared: str | None, limit: int) -> bytes:
+    """The request body from its ASGI messages, refused past ``limit`` bytes (at once when
+    the declared Content-Length says so)."""
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"request body exceeds the {limit} byte limit")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnected("the client closed the connection mid-request")
+        chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
             raise PayloadTooLarge(f"request body exceeds the {limit} byte limit")
         chunks.append(chunk)
-    return b"".join(chunks)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:

@@ -16,7 +16,6 @@ tracemalloc on typical messages), least recently used first out.
 
 from __future__ import annotations
 
-import dataclasses
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from strategies.records import (
     StoredMessage,
     SummaryRecord,
     chain_hash,
+    with_stubs,
 )
 
 __all__ = ["CachedSession", "SessionCache", "estimated_bytes"]
@@ -134,14 +134,7 @@ class SessionCache:
         for record, chain in zip(appended, chains, strict=True):
             record.chain = chain
             record.compressed_content = record.compressed_content or None
-        kept = loaded.messages
-        if stubs:
-            kept = [
-                dataclasses.replace(m, compressed_content=stubs[m.seq] or None)
-                if m.seq in stubs else m
-                for m in kept
-            ]  # fmt: skip
-        messages = (*kept, *appended)
+        messages = (*with_stubs(loaded.messages, stubs or {}), *appended)
         size = estimated_bytes(appended)
         current = self._entries.get(slot)
         if current is not None and current.version == loaded.meta.version:

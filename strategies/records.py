@@ -6,7 +6,8 @@ These types are plain values: identity and persistence are the store's concern.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 from urllib.parse import quote
 
@@ -95,6 +96,19 @@ class StoredMessage:
             chain=data.get("chain", ""),
             created_at=data.get("created_at", 0.0),
         )
+
+
+def with_stubs(
+    messages: Sequence[StoredMessage], stubs: Mapping[int, str | None]
+) -> list[StoredMessage]:
+    """``messages`` as stored after ``stubs`` (seq -> stub, None or "" clears) were written:
+    changed records are copies, the others the same objects."""
+    if not stubs:
+        return list(messages)
+    return [
+        replace(m, compressed_content=stubs[m.seq] or None) if m.seq in stubs else m
+        for m in messages
+    ]
 
 
 @dataclass(slots=True)

@@ -231,8 +231,9 @@ def test_an_append_after_another_write_is_not_applied_to_the_cache():
     assert cache.known_version(key, spec) == 5
 
 
-def test_unused_write_fields_keep_their_defaults():
-    # guards after_append: a TurnWrite field added later must be considered there
+def test_after_append_accounts_for_every_field_of_a_turn_write():
+    # a TurnWrite field added later may change what a write does to the cached session:
+    # SessionCache.after_append must be reviewed with it
     assert set(TurnWrite.__dataclass_fields__) == {
         "messages", "supersede_after", "supersede_until", "system_prompt", "system_tokens",
         "model", "calibration", "compressed",
