@@ -22,8 +22,10 @@ from typing import Any, TypeVar
 
 import orjson
 
+from storage import sqlite_prompts
 from storage.base import StoreUnavailable
 from storage.codec import message_from_body
+from storage.sqlite_prompts import SystemPrompts
 from strategies.records import (
     AgentInfo,
     AppendResult,
@@ -135,6 +137,7 @@ class SqliteStore:
         self._writes = 0  # write transactions since the last checkpoint was started
         self._checkpointing = False
         self._wal_frames = 0  # the log's length at the last checkpoint
+        self._prompts = SystemPrompts()
 
     async def open(self) -> None:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-store")
@@ -174,10 +177,10 @@ class SqliteStore:
         probe: Sequence[str] = (),
         known_version: int | None = None,
     ) -> SessionSnapshot:
-        return await self._submit(_load, _ids(key), spec, list(probe), known_version)
+        return await self._submit(_load, _ids(key), spec, list(probe), known_version, self._prompts)
 
     async def append_turn(self, key: SessionKey, write: TurnWrite) -> AppendResult:
-        return await self._submit(_append, _ids(key), write, time.time())
+        return await self._submit(_append, _ids(key), write, time.time(), self._prompts)
 
     async def set_compressed(self, key: SessionKey, stubs: dict[int, str | None]) -> None:
         rows = [(stub or None, *_ids(key), seq) for seq, stub in stubs.items()]
@@ -227,10 +230,11 @@ class SqliteStore:
     async def set_calibration(self, key: SessionKey, value: float) -> None:
         def update(conn: sqlite3.Connection) -> None:
             with _Transaction(conn):
-                meta = _read_meta(conn, _ids(key))
-                if meta is not None:
+                stored = _read_meta(conn, _ids(key))
+                if stored is not None:
+                    meta, revision = stored
                     meta.calibration = float(value)
-                    _write_meta(conn, _ids(key), meta)
+                    _write_meta(conn, _ids(key), meta, revision)
 
         await self._submit(update)
 
@@ -253,7 +257,7 @@ class SqliteStore:
         def delete(conn: sqlite3.Connection) -> bool:
             with _Transaction(conn):
                 existed = conn.execute(f"DELETE FROM sessions WHERE {KEY}", _ids(key)).rowcount
-                for table in ("messages", "summaries", "locks"):
+                for table in ("messages", "summaries", "locks", "system_prompts"):
                     conn.execute(f"DELETE FROM {table} WHERE {KEY}", _ids(key))
             return existed > 0
 
@@ -310,7 +314,7 @@ class SqliteStore:
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         conn = _open_connection(self.path, busy_timeout_ms=5000, checkpoints=True)
-        conn.executescript(SCHEMA)
+        conn.executescript(SCHEMA + sqlite_prompts.SCHEMA)
         self._thread_conn = conn
 
     def _disconnect(self) -> None:
@@ -438,17 +442,37 @@ def _ids(key: SessionKey) -> tuple[str, str, str]:
     return key.namespace, key.agent, key.session
 
 
-def _read_meta(conn: sqlite3.Connection, ids: tuple[str, str, str]) -> SessionMeta | None:
+def _read_meta(
+    conn: sqlite3.Connection, ids: tuple[str, str, str]
+) -> tuple[SessionMeta, int] | None:
+    """The session's meta (its system prompt not read, see ``_with_prompt``) and the
+    prompt's revision."""
     row = conn.execute(READ_META, ids).fetchone()
     return _decode_meta(row[0]) if row else None
 
 
-def _decode_meta(text: str) -> SessionMeta:
+def _decode_meta(text: str) -> tuple[SessionMeta, int]:
+    """The meta as ``_encode_meta`` wrote it, and its system prompt's revision: 0 when the
+    prompt, if any, is inline (written before prompts had their own table)."""
     data = orjson.loads(text)
+    revision = data.pop("system_revision", 0)
     try:
-        return SessionMeta(**data)  # as _encode_meta wrote it: a third of from_dict's cost
+        meta = SessionMeta(**data)  # as _encode_meta wrote it: a third of from_dict's cost
     except TypeError:  # written by a version with fields this one no longer has
-        return SessionMeta.from_dict(data)
+        meta = SessionMeta.from_dict(data)
+    return meta, revision
+
+
+def _with_prompt(
+    conn: sqlite3.Connection,
+    ids: tuple[str, str, str],
+    decoded: tuple[SessionMeta, int],
+    prompts: SystemPrompts,
+) -> SessionMeta:
+    meta, revision = decoded
+    if revision:
+        meta.system_prompt = prompts.read(conn, ids, revision)
+    return meta
 
 
 def _load(
@@ -456,7 +480,8 @@ def _load(
     ids: tuple[str, str, str],
     spec: LoadSpec,
     probe: list[str],
-    known_version: int | None = None,
+    known_version: int | None,
+    prompts: SystemPrompts,
 ) -> SessionSnapshot:
     if known_version is not None and not probe:
         # the common turn of a cached session: one statement is its own snapshot
@@ -464,8 +489,12 @@ def _load(
         if meta_json is None:
             agent_config = orjson.loads(config_json) if config_json else None
             return SessionSnapshot(SessionMeta(), [], [], agent_config=agent_config)
-        meta = _decode_meta(meta_json)
-        if meta.version == known_version:
+        meta, revision = _decode_meta(meta_json)
+        # a prompt read by another statement could be newer than this meta: only a cached
+        # one is taken here, else the snapshot below reads both
+        prompt = prompts.cached(ids, revision) if revision else meta.system_prompt
+        if meta.version == known_version and (prompt is not None or not revision):
+            meta.system_prompt = prompt
             agent_config = orjson.loads(config_json) if config_json else None
             return SessionSnapshot(meta, [], [], 0, 0, agent_config, exists=True, unchanged=True)
     conn.execute("BEGIN")  # one snapshot for the whole read
@@ -474,7 +503,7 @@ def _load(
         agent_config = orjson.loads(config_json) if config_json else None
         if meta_json is None:
             return SessionSnapshot(SessionMeta(), [], [], agent_config=agent_config)
-        meta = _decode_meta(meta_json)
+        meta = _with_prompt(conn, ids, _decode_meta(meta_json), prompts)
         if known_version is not None and meta.version == known_version:
             matched, matched_seq = _match_probe(conn, ids, probe)
             return SessionSnapshot(
@@ -523,11 +552,16 @@ def _match_probe(
 
 
 def _append(
-    conn: sqlite3.Connection, ids: tuple[str, str, str], write: TurnWrite, now: float
+    conn: sqlite3.Connection,
+    ids: tuple[str, str, str],
+    write: TurnWrite,
+    now: float,
+    prompts: SystemPrompts,
 ) -> AppendResult:
+    written = None
     with _Transaction(conn):
         stored = _read_meta(conn, ids)
-        meta = stored or SessionMeta(created_at=now, version=first_version(now))
+        meta, revision = stored or (SessionMeta(created_at=now, version=first_version(now)), 0)
         meta.version += 1
         superseded = 0
         if write.supersede_after is not None:
@@ -554,14 +588,26 @@ def _append(
         meta.active_count += len(rows)
         meta.head_chain = chain
         meta.updated_at = now
-        for name in ("system_prompt", "system_tokens", "model", "calibration"):
+        for name in ("system_tokens", "model", "calibration"):
             value = getattr(write, name)
             if value is not None:
                 setattr(meta, name, value)
+        # a new prompt (or one still inline in the meta) gets its own row; an unchanged one
+        # is neither written nor read
+        prompt = write.system_prompt if write.system_prompt is not None else meta.system_prompt
+        if prompt is not None and (write.system_prompt is not None or not revision):
+            revision = meta.version
+            written = prompt, prompts.write(conn, ids, revision, prompt)
         conn.execute(
             INSERT_SESSION if stored is None else UPDATE_SESSION,
-            (_encode_meta(meta), now, meta.active_count, *ids),
+            (_encode_meta(meta, revision), now, meta.active_count, *ids),
         )
+        if written is not None:
+            meta.system_prompt = written[0]
+        elif revision:
+            meta.system_prompt = prompts.read(conn, ids, revision)
+    if written is not None:
+        prompts.committed(ids, revision, *written)
     return AppendResult(
         seqs=list(range(first, first + len(rows))), superseded=superseded, meta=meta
     )
@@ -603,9 +649,10 @@ def _add_summary(
     expect_boundary: int | None,
 ) -> SummaryRecord | None:
     with _Transaction(conn):
-        meta = _read_meta(conn, ids)
-        if meta is None or expect_boundary not in (None, meta.boundary_seq):
+        stored = _read_meta(conn, ids)
+        if stored is None or expect_boundary not in (None, stored[0].boundary_seq):
             return None
+        meta, revision = stored
         (last_id,) = conn.execute(
             f"SELECT COALESCE(MAX(id), 0) FROM summaries WHERE {KEY}", ids
         ).fetchone()
@@ -619,7 +666,7 @@ def _add_summary(
         if record.kind == "compaction":
             meta.boundary_seq = record.to_seq
         meta.version += 1
-        _write_meta(conn, ids, meta)
+        _write_meta(conn, ids, meta, revision)
     return record
 
 
@@ -643,19 +690,30 @@ def _acquire_lock(
 
 
 def _bump_version(conn: sqlite3.Connection, ids: tuple[str, str, str]) -> None:
-    meta = _read_meta(conn, ids)
-    if meta is not None:
+    stored = _read_meta(conn, ids)
+    if stored is not None:
+        meta, revision = stored
         meta.version += 1
-        _write_meta(conn, ids, meta)
+        _write_meta(conn, ids, meta, revision)
 
 
-def _write_meta(conn: sqlite3.Connection, ids: tuple[str, str, str], meta: SessionMeta) -> None:
-    conn.execute(f"UPDATE sessions SET meta = ? WHERE {KEY}", (_encode_meta(meta), *ids))
+def _write_meta(
+    conn: sqlite3.Connection, ids: tuple[str, str, str], meta: SessionMeta, revision: int
+) -> None:
+    conn.execute(f"UPDATE sessions SET meta = ? WHERE {KEY}", (_encode_meta(meta, revision), *ids))
 
 
-def _encode_meta(meta: SessionMeta) -> str:
-    # orjson writes a dataclass as the object of its fields, in order
-    return orjson.dumps(meta).decode()
+def _encode_meta(meta: SessionMeta, revision: int) -> str:
+    """The meta JSON. With a ``revision`` the system prompt is in ``system_prompts`` and
+    the meta names it; without, any prompt stays inline (as a row written before)."""
+    if not revision:
+        return orjson.dumps(meta).decode()  # a dataclass: the object of its fields, in order
+    prompt, meta.system_prompt = meta.system_prompt, None
+    try:
+        text = orjson.dumps(meta)
+    finally:
+        meta.system_prompt = prompt
+    return text[:-1].decode() + f',"system_revision":{revision}}}'
 
 
 def _encode_message(message: StoredMessage, now: float) -> str:

@@ -36,7 +36,11 @@ class LlmMessageMapper(Protocol):
         system_prompt: list[dict[str, Any]] | None,
         context: MappingContext,
     ) -> list[dict[str, Any]]:
-        """The full message list to send: one system block first, then the window."""
+        """The full message list to send: one system block first, then the window.
+
+        The window's messages and ``system_prompt`` are shared with later turns (the
+        session cache and the store's prompt cache hold them): read them, never change
+        them; the returned messages are the mapper's own."""
 
 
 class MessageToLlmMessageMapper:
