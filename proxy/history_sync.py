@@ -16,11 +16,12 @@ from typing import Any, Literal
 import orjson
 
 from proxy.errors import BadRequest
-from strategies.records import SessionSnapshot, chain_hash
+from strategies.records import SessionSnapshot, StoredMessage, chain_hash
 
 SyncMode = Literal["full", "delta"]
 SYSTEM_ROLES = ("system", "developer")
 CONVERSATION_ROLES = ("user", "assistant", "tool", "system", "developer")
+PLAIN_ROLES = frozenset(["user", "assistant", "system", "developer"])
 MAX_IDEMPOTENCY_KEY = 255
 
 
@@ -29,6 +30,14 @@ def validate_messages(messages: Any) -> list[dict[str, Any]]:
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' must be a non-empty array", param="messages")
     for index, message in enumerate(messages):
+        if (
+            type(message) is dict
+            and type(message.get("content")) is str
+            and message.get("role") in PLAIN_ROLES
+            and "name" not in message
+            and "tool_calls" not in message
+        ):
+            continue  # a plain text message: nothing more to check
         param = f"messages[{index}]"
         if not isinstance(message, dict):
             raise BadRequest(f"{param} must be an object", param=param)
@@ -135,7 +144,69 @@ def canonical(message: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def fingerprint(message: Mapping[str, Any]) -> str:
+    content = message.get("content")
+    role = message.get("role")
+    if type(content) is str and content and role != "tool" and not message.get("tool_calls"):
+        # the canonical form of a plain text message, its keys already in sorted order
+        return hashlib.sha1(orjson.dumps({"c": content, "r": role})).hexdigest()
     return hashlib.sha1(orjson.dumps(canonical(message), option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+class Fingerprints:
+    """A request's conversation fingerprints, each computed when first asked for: a resent
+    history matched against a page held in memory (``match_page``) compares most messages
+    by their text instead."""
+
+    __slots__ = ("_values", "conversation")
+
+    def __init__(self, conversation: Sequence[Mapping[str, Any]]) -> None:
+        self.conversation = conversation
+        self._values: list[str | None] = [None] * len(conversation)
+
+    def __getitem__(self, index: int) -> str:
+        value = self._values[index]
+        if value is None:
+            value = self._values[index] = fingerprint(self.conversation[index])
+        return value
+
+    def probe(self) -> list[str]:
+        """The chains to match against the stored log (``Store.load(probe=...)``)."""
+        return probe_chains([self[i] for i in range(len(self._values))])
+
+
+def _same_text(message: Mapping[str, Any], stored: StoredMessage) -> bool:
+    """Both are the same plain text message: one role, equal non-empty text, no tool calls.
+    Their canonical forms are then equal, so are their fingerprints (text is stored as the
+    client sent it; only tool results and media parts are stored altered, and those never
+    pass here). False says nothing: the fingerprints decide."""
+    content = message.get("content")
+    return (
+        type(content) is str
+        and content != ""
+        and content == stored.content
+        and message.get("role") == stored.role
+        and stored.role != "tool"
+        and not stored.tool_calls
+        and not message.get("tool_calls")
+    )
+
+
+def match_page(resent: Fingerprints, page: Sequence[StoredMessage]) -> tuple[int, int]:
+    """What the store answers a probe with (``SessionSnapshot.matched``, ``matched_seq``),
+    from a page that holds every active message of the session, in order: the longest
+    common prefix of the resent conversation and the page. Chains are cumulative over the
+    active log, so a probe chain is found exactly when its whole prefix is."""
+    conversation = resent.conversation
+    count = min(len(conversation), len(page))
+    index = 0
+    while index < count:
+        stored = page[index]
+        if not (
+            _same_text(conversation[index], stored) or resent[index] == stored.fingerprint
+        ):
+            break
+        index += 1
+    return index, page[index - 1].seq if index else 0
 
 
 def probe_chains(fingerprints: Sequence[str]) -> list[str]:

@@ -79,6 +79,12 @@ class SessionCache:
         entry = self._entries.get(_slot(key, spec))
         return entry.version if entry is not None else None
 
+    def holds_all(self, key: SessionKey, spec: LoadSpec) -> bool:
+        """The cached page held every active message when it was cached: it reads from the
+        start of the log and is shorter than its limit."""
+        entry = self._entries.get(_slot(key, spec))
+        return entry is not None and spec.since == "all" and len(entry.messages) < spec.limit
+
     def fill(self, key: SessionKey, spec: LoadSpec, snapshot: SessionSnapshot) -> bool:
         """After a load: complete an unchanged snapshot from the cache, or cache a full one.
         False when an unchanged snapshot's entry left the cache during the load: the

@@ -113,31 +113,50 @@ def new_record(
 
 
 async def load_snapshot(
-    services: Services, key: SessionKey, agent: ResolvedAgent, probe: list[str]
+    services: Services,
+    key: SessionKey,
+    agent: ResolvedAgent,
+    resent: history_sync.Fingerprints | None,
 ) -> tuple[ResolvedAgent, Strategy, SessionSnapshot]:
     """Load with the config known for the agent; reload once if the stored override
     changed the strategy's load spec (an admin edit seen for the first time here)."""
     strategy = get_strategy(agent.config.kind)
     spec = strategy.load_spec(agent.config)
-    snapshot = await load_session(services, key, spec, probe)
+    snapshot = await load_session(services, key, spec, resent)
     if snapshot.agent_config != services.overrides.get(key.agent):
         services.overrides[key.agent] = snapshot.agent_config
         agent = services.agents.resolve(key.agent, snapshot.agent_config)
         strategy = get_strategy(agent.config.kind)
         new_spec = strategy.load_spec(agent.config)
         if new_spec != spec:
-            snapshot = await load_session(services, key, new_spec, probe)
+            snapshot = await load_session(services, key, new_spec, resent)
     return agent, strategy, snapshot
 
 
 async def load_session(
-    services: Services, key: SessionKey, spec: LoadSpec, probe: list[str]
+    services: Services, key: SessionKey, spec: LoadSpec, resent: history_sync.Fingerprints | None
 ) -> SessionSnapshot:
     """``Store.load`` through the process's session cache: when the session is unchanged
-    since this process last held it, only its head is read."""
+    since this process last held it, only its head is read.
+
+    A resent history (a full-history client's, ``resent``) is matched against the stored
+    log: by the store, with the chains of every message (``probe``), or here, against a
+    cached page that holds every active message, mostly without fingerprinting what the
+    client resends unchanged."""
     cache = services.sessions
     try:
         known = cache.known_version(key, spec)
+        if resent is not None and known is not None and cache.holds_all(key, spec):
+            snapshot = await services.store.load(key, spec, known_version=known)
+            if cache.fill(key, spec, snapshot) and (
+                len(snapshot.messages) == snapshot.meta.active_count
+            ):
+                snapshot.matched, snapshot.matched_seq = history_sync.match_page(
+                    resent, snapshot.messages
+                )
+                return snapshot
+            known = None  # grown past the page meanwhile (rare): the store matches
+        probe = resent.probe() if resent is not None else []
         snapshot = await services.store.load(key, spec, probe=probe, known_version=known)
         if not cache.fill(key, spec, snapshot):
             snapshot = await services.store.load(key, spec, probe=probe)
@@ -180,9 +199,9 @@ async def prepare_turn(
         header=history_header,
         fingerprinted=identity.source == "fingerprint",
     )
-    fingerprints = [history_sync.fingerprint(m) for m in conversation]
-    probe = history_sync.probe_chains(fingerprints) if mode == "full" else []
-    agent, strategy, snapshot = await load_snapshot(services, key, agent, probe)
+    fingerprints = history_sync.Fingerprints(conversation)
+    resent = fingerprints if mode == "full" else None
+    agent, strategy, snapshot = await load_snapshot(services, key, agent, resent)
 
     sync = history_sync.plan_sync(mode, conversation, snapshot, retry)
     stored = snapshot.messages
