@@ -1,9 +1,11 @@
 """Load generators: ``wrk`` for throughput and latency percentiles, a closed-loop aiohttp
 client for exact request counts and for streams (time to first byte, chunk arrival).
 
-Both send the same delta-client turn (one new user message). For memory-proxy the path
-names the agent and the session (``/agents/A/sessions/S/v1/chat/completions``), sessions
-taken round robin from a pool; the other targets get ``/v1/chat/completions``.
+Both send the same delta-client turn (one new user message); the closed loop can also act
+as full-history clients (``Resender``), which resend the whole conversation every turn. For
+memory-proxy the path names the agent and the session
+(``/agents/A/sessions/S/v1/chat/completions``), sessions taken round robin from a pool; the
+other targets get ``/v1/chat/completions``.
 """
 
 from __future__ import annotations
@@ -166,6 +168,31 @@ def wrk(
 # ---- the aiohttp closed loop ----
 
 
+class Resender:
+    """Full-history clients, one per session: each holds its conversation (at first
+    ``history``, the messages stored for it) and resends all of it with every new
+    question, then appends the question and the reply it got. With ``grow=False`` every
+    request resends ``history`` and one question (for a target that stores nothing)."""
+
+    def __init__(self, history: list[dict[str, str]], *, grow: bool = True) -> None:
+        self.history = history
+        self.grow = grow
+        self.conversations: dict[str, list[dict[str, str]]] = {}
+        self.asked = 0
+
+    def body(self, path: str) -> tuple[bytes, dict[str, str]]:
+        conversation = self.conversations.setdefault(path, list(self.history))
+        self.asked += 1
+        question = {"role": "user", "content": f"And what about point {self.asked}?"}
+        body = {"model": MODEL, "messages": [*conversation, question]}
+        return json.dumps(body).encode(), question
+
+    def answered(self, path: str, question: dict[str, str], reply: bytes) -> None:
+        if self.grow:
+            content = json.loads(reply)["choices"][0]["message"]["content"]
+            self.conversations[path] += [question, {"role": "assistant", "content": content}]
+
+
 async def closed_loop(
     base_url: str,
     *,
@@ -174,9 +201,11 @@ async def closed_loop(
     pool: SessionPool | None = None,
     stream: bool = False,
     warmup: int = 0,
+    resend: Resender | None = None,
 ) -> LoadResult:
     """``requests`` turns from ``concurrency`` workers, each waiting for its reply before
-    sending the next. For streams, ``ttfb`` holds the time to the first body bytes."""
+    sending the next. For streams, ``ttfb`` holds the time to the first body bytes. With
+    ``resend``, full-history turns (not streamed)."""
     body = turn_body(stream=stream)
     result = LoadResult()
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
@@ -188,17 +217,20 @@ async def closed_loop(
 
         async def one(record: bool) -> None:
             path = next_path()
+            data, question = resend.body(path) if resend is not None else (body, None)
             started = time.perf_counter()
             try:
-                async with session.post(base_url + path, data=body, headers=HEADERS) as resp:
+                async with session.post(base_url + path, data=data, headers=HEADERS) as resp:
                     if stream:
                         await resp.content.readany()
                         first = time.perf_counter()
                         while await resp.content.readany():
                             pass
                     else:
-                        await resp.read()
+                        reply = await resp.read()
                     ok = resp.status == 200
+                if ok and resend is not None and question is not None:
+                    resend.answered(path, question, reply)
             except aiohttp.ClientError:
                 ok = False
             elapsed = time.perf_counter() - started

@@ -146,8 +146,10 @@ def max_rps(by_concurrency: dict[int, dict[str, Measured]], key: str) -> tuple[f
 async def closed_rounds(
     targets: list[Target], requests: int, rounds: int, *, stream: bool = False,
     pools: dict[str, SessionPool | None] | None = None,
+    resend: dict[str, load.Resender] | None = None,
 ) -> dict[str, Measured]:
-    """The aiohttp client at concurrency 1, ``requests`` per target split into rounds."""
+    """The aiohttp client at concurrency 1, ``requests`` per target split into rounds
+    (full-history clients for the targets ``resend`` names)."""
     out = {t.key: Measured(t.key) for t in targets}
     per_round = max(1, requests // rounds)
     for index in range(rounds):
@@ -155,7 +157,8 @@ async def closed_rounds(
             pool = pools.get(target.key, target.pool) if pools is not None else target.pool
             cpu, waited = target.cpu(), target.waited()
             result = await load.closed_loop(target.base_url, requests=per_round, pool=pool,
-                                            stream=stream, warmup=1 if index == 0 else 0)
+                                            stream=stream, warmup=1 if index == 0 else 0,
+                                            resend=(resend or {}).get(target.key))
             out[target.key].add(result, target.cpu() - cpu, target.waited() - waited)
     return out
 

@@ -262,6 +262,24 @@ def render(r: dict[str, Any]) -> str:
     lines += _table(["stored", "A p50", "C warm p50 (added)", "C warm p99", "C warm CPU/turn",
                      "C cold p50", "C cold CPU/turn", "C' warm p50 (added)", "C' warm p99",
                      "C' warm CPU/turn", "C' cold p50", "C' cold CPU/turn"], rows)
+    full = {size: by["full"] for size, by in r["histories"].items() if "full" in by}
+    if full:
+        lines += ["Full-history clients (the usual kind: every request resends the whole "
+                  "conversation, which the proxy matches against what it stored), the same "
+                  "measurement on pools of their own; A gets requests of the same size. The "
+                  "delta column repeats the warm CPU per turn of the table above.", ""]
+        rows = []
+        for size, by in full.items():
+            a = by["A"]["p50"]
+            row = [f"{int(size):,}", f"{a:.2f}"]
+            for k in ("C", "C'"):
+                m, delta = by[k], r["histories"][size][k]
+                row += [f"{m['p50']:.2f} (+{m['p50'] - a:.2f})", f"{m['cpu_ms']:.2f}",
+                        f"{delta['cpu_ms']:.2f}", f"{m.get('cold_cpu_ms', 0):.2f}"]
+            rows.append(row)
+        lines += _table(["stored", "A p50", "C warm p50 (added)", "C warm CPU/turn",
+                         "C delta CPU/turn", "C cold CPU/turn", "C' warm p50 (added)",
+                         "C' warm CPU/turn", "C' delta CPU/turn", "C' cold CPU/turn"], rows)
     lines += ["Windowed agent (`windowed`, windowSize 100): the same window, 100 vs 10,000 "
               "stored messages.", ""]
     rows = []

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import _paths  # noqa: F401  (the repository's packages)
 import inprocess
+import load
 import phases
 import populate
 import report
@@ -35,6 +36,8 @@ CONCURRENCIES = (1, 8, 32, 64)
 # memory check further down runs a proxy with the defaults)
 MAIN_CACHE_MB = 256
 HISTORIES = (1, 20, 100, 1000, 10000)
+# sizes measured with full-history clients too (10,000 would resend 3 MB every turn)
+FULL_HISTORIES = (20, 100, 1000)
 
 
 @dataclass
@@ -330,6 +333,9 @@ class Run:
             for size in HISTORIES:
                 pool = SessionPool(populate.DEFAULT_AGENT, f"h{size}", self.history_sessions(size))
                 wanted.append((f"{store}-h{size}", pool, size))
+            for size in FULL_HISTORIES:
+                pool = SessionPool(populate.DEFAULT_AGENT, f"f{size}", self.history_sessions(size))
+                wanted.append((f"{store}-f{size}", pool, size))
             for size in (100, 10000):
                 pool = SessionPool(populate.WINDOWED_AGENT, f"w{size}",
                                    self.history_sessions(size))
@@ -366,6 +372,31 @@ class Run:
                                    "cold_cpu_ms": m.cpu_per_request_ms(),
                                    "cold_turns": m.requests(), "errors": out[size][key]["errors"]
                                    + m.errors()}
+            if size in FULL_HISTORIES:
+                out[size]["full"] = self.full_history(by_key, pools, size)
+        return out
+
+    def full_history(self, by_key: dict[str, Target], pools: dict[str, SessionPool],
+                     size: int) -> dict:
+        """The same as ``histories`` with full-history clients: every turn resends the
+        session's whole conversation (``size`` stored messages and the turns since). A gets
+        requests of the same size."""
+        history = [{"role": m.role, "content": m.content} for m in populate.history(size)]
+        resend = {"A": load.Resender(history, grow=False), "C": load.Resender(history),
+                  "C'": load.Resender(history)}
+        full_pools = {"C": pools[f"sqlite-f{size}"], "C'": pools[f"redis-f{size}"]}
+        cold = {key: asyncio.run(phases.closed_rounds(
+            [by_key[key]], pool.count, 1, pools={key: pool}, resend=resend))[key]
+            for key, pool in full_pools.items()}  # fmt: skip
+        measured = asyncio.run(phases.closed_rounds(
+            [by_key[k] for k in ("A", "C", "C'")], self.plan.history_requests, self.plan.rounds,
+            pools=full_pools, resend=resend))
+        out = {k: {"p50": m.latency_ms(50), "p99": m.latency_ms(99),
+                   "cpu_ms": m.cpu_per_request_ms(), "errors": m.errors()}
+               for k, m in measured.items()}
+        for key, m in cold.items():
+            out[key] |= {"cold_p50": m.latency_ms(50), "cold_cpu_ms": m.cpu_per_request_ms(),
+                         "errors": out[key]["errors"] + m.errors()}
         return out
 
     def windowed(self, by_key: dict[str, Target], pools: dict[str, SessionPool]) -> dict:
