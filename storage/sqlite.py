@@ -67,10 +67,11 @@ CREATE TABLE IF NOT EXISTS messages (
     PRIMARY KEY (namespace, agent, session, seq)
 );
 -- the primary key serves the tail reads (superseded rows are few and skipped); an index
--- on the same columns would only add a b-tree to every insert (25% of an append)
+-- on the same columns would only add a b-tree to every insert (25% of an append). A
+-- resent history is matched by reading the tail too (_match_probe): an index on chains
+-- would cost every append another 25%
 DROP INDEX IF EXISTS messages_active;
-CREATE INDEX IF NOT EXISTS messages_chain
-    ON messages (namespace, agent, session, chain) WHERE superseded = 0;
+DROP INDEX IF EXISTS messages_chain;
 CREATE INDEX IF NOT EXISTS messages_tool
     ON messages (namespace, agent, session, tool_call_id) WHERE tool_call_id IS NOT NULL;
 CREATE TABLE IF NOT EXISTS summaries (
@@ -107,12 +108,9 @@ LOAD_HEAD = (
     "SELECT (SELECT config FROM agent_configs WHERE agent = ?),"
     f" (SELECT meta FROM sessions WHERE {KEY})"
 )
-# The last probe hash that is an active chain. CROSS JOIN keeps the probe as the outer
-# loop: one index lookup per probe hash.
-MATCH_PROBE = (
-    "SELECT probe.key + 1, m.seq FROM json_each(?) AS probe CROSS JOIN messages AS m"
-    " WHERE m.namespace = ? AND m.agent = ? AND m.session = ? AND m.superseded = 0"
-    " AND m.chain = probe.value ORDER BY probe.key DESC LIMIT 1"
+# The active chains, newest first (the primary key, backwards)
+ACTIVE_CHAINS = (
+    f"SELECT seq, chain FROM messages WHERE {KEY} AND superseded = 0 ORDER BY seq DESC"
 )
 
 
@@ -537,17 +535,23 @@ def _match_probe(
 ) -> tuple[int, int]:
     """Length of the longest probe prefix ending at an active chain, and that chain's seq.
 
-    Chains are cumulative, so that prefix ends at the last probe hash found. A resent
-    history usually matches within its last few hashes: search backwards in growing chunks.
+    Chains are cumulative: a probe chain equals an active one only when the whole prefix
+    up to it does, at the same position. So the newest active message whose chain is in
+    the probe is the answer. A resent history usually matches at the head (or, after an
+    edit, a few messages below it): the active chains are read from the head down, until
+    one is found.
     """
-    end, size = len(probe), 8
-    while end > 0:
-        start = max(0, end - size)
-        chunk = orjson.dumps(probe[start:end]).decode()
-        found = conn.execute(MATCH_PROBE, (chunk, *ids)).fetchone()
-        if found:
-            return start + found[0], found[1]
-        end, size = start, size * 8
+    if not probe:
+        return 0, 0
+    positions = {chain: index for index, chain in enumerate(probe)}
+    cursor = conn.execute(ACTIVE_CHAINS, ids)
+    try:
+        for seq, chain in cursor:
+            index = positions.get(chain)
+            if index is not None:
+                return index + 1, seq
+    finally:
+        cursor.close()  # stops the read before the snapshot's COMMIT
     return 0, 0
 
 
