@@ -211,13 +211,19 @@ async def relay(
     try:
         try:
             async for event in stream:
-                if event.done:
+                data = event.data
+                if data[:1] == b"{":  # a chunk (the usual event): never [DONE]
+                    if turn is not None:
+                        chunk = orjson.loads(data)
+                        accumulator.add_chunk(chunk)
+                        if (
+                            not client_wants_usage
+                            and chunk.get("usage")
+                            and not chunk.get("choices")
+                        ):
+                            continue
+                elif event.done:
                     break
-                if turn is not None and event.data[:1] == b"{":
-                    chunk = orjson.loads(event.data)
-                    accumulator.add_chunk(chunk)
-                    if not client_wants_usage and chunk.get("usage") and not chunk.get("choices"):
-                        continue
                 yield event.raw
             else:
                 if turn is not None and not accumulator.complete:

@@ -262,3 +262,49 @@ def test_a_non_streaming_response_gives_its_first_choice_message(
     assert acc.message() == expected
     assert acc.complete and acc.usage is not None and acc.usage["prompt_tokens"] == 5
     assert acc.id == "chatcmpl-9"
+
+
+def test_the_accumulator_reads_every_chunk_shape_providers_send() -> None:
+    """Random streams in the shapes OpenAI and compatible servers send (``usage: null`` on
+    every chunk, ``refusal: null``, a role-only first delta, tool call fragments, other
+    choices, a usage-only last chunk): the reply is what the chunks say."""
+    import random
+
+    from proxy.streaming import ReplyAccumulator
+
+    rng = random.Random(3)
+    for _ in range(300):
+        accumulator, texts, refusals, args = ReplyAccumulator(), [], [], []
+        usage = {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12}
+        extra = {"usage": None} if rng.random() < 0.5 else {}
+        base = {"id": "c1", "object": "chat.completion.chunk", "model": "m", **extra}
+        chunks = [base | {"choices": [{"index": 0, "delta": {"role": "assistant"},
+                                       "finish_reason": None}]}]
+        for n in range(rng.randint(0, 12)):
+            delta: dict = {"content": f"w{n} "} if rng.random() < 0.7 else {"content": ""}
+            if rng.random() < 0.2:
+                delta["refusal"] = None if rng.random() < 0.5 else f"no{n}"
+            if rng.random() < 0.15:
+                delta["tool_calls"] = [{"index": 0, "id": "t1" if not args else None,
+                                        "function": {"name": "f", "arguments": f"a{n}"}}]
+                args.append(f"a{n}")
+            texts.append(delta["content"])
+            if delta.get("refusal"):
+                refusals.append(delta["refusal"])
+            choices = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]
+            if rng.random() < 0.1:
+                choices.append({"index": 1, "delta": {"content": "other"}, "finish_reason": None})
+            chunks.append(base | {"choices": choices})
+        chunks.append(base | {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+        chunks.append(base | {"choices": [], "usage": usage})
+        for chunk in chunks:
+            accumulator.add_chunk(chunk)
+
+        message = accumulator.message()
+        content = "".join(texts)
+        assert message["content"] == (content if content or not args else None)
+        assert message.get("refusal") == ("".join(refusals) or None)
+        if args:
+            assert message["tool_calls"][0]["function"]["arguments"] == "".join(args)
+        assert accumulator.usage == usage and accumulator.finish_reason == "stop"
+        assert (accumulator.id, accumulator.model) == ("c1", "m")
