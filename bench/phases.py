@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import load
+import native
 import sampling
 from load import LoadResult, SessionPool, median
 from servers import OUT, PYTHON, ROOT, Server, http_status
@@ -180,6 +181,18 @@ def profile_under_load(
     time.sleep(0.3)  # let py-spy attach before the load starts
     result = wrk_run(target, concurrency, seconds, env_cpus)
     return sampling.finish(spy, raw), result
+
+
+def native_split(
+    target: Target, seconds: float, concurrency: int, env_cpus: str | None, name: str,
+) -> tuple[dict[str, float] | str, LoadResult]:
+    """``perf`` on the server under wrk: its CPU by shared object (bench/native.py)."""
+    data = OUT / "profiles" / f"{name}.perf.data"
+    data.unlink(missing_ok=True)
+    perf = native.start(target.server.pid, seconds, data)
+    time.sleep(0.3)
+    result = wrk_run(target, concurrency, seconds, env_cpus)
+    return native.finish(perf, data), result
 
 
 def time_to_ready(make: Callable[[], Server], repeats: int) -> dict[str, float]:

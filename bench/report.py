@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import native
 from sampling import Profile
 
 OWN_CODE = ("proxy/", "storage/", "strategies/")
@@ -351,9 +352,25 @@ def render(r: dict[str, Any]) -> str:
     for k, entry in r["profiles"].items():
         lines += _profile_lines(k, entry)
 
+    lines += native_section(r)
     lines += ["## What bounds the unmet targets", ""]
     lines += bounds(r, unmet) or ["Every target is met in this run.", ""]
     return "\n".join(lines)
+
+
+def native_section(r: dict[str, Any]) -> list[str]:
+    entry = (r.get("native") or {}).get("C")
+    if not entry:
+        return []
+    lines = ["**C** under wrk at concurrency 32 again, sampled by `perf` on every thread "
+             "(native code included), by what the samples ran:", ""]
+    shares = entry["shares"]
+    if isinstance(shares, str):
+        return [*lines, f"Not measured: {shares}.", ""]
+    rows = [[native.kind(dso), f"{share:.1%}"] for dso, share in list(shares.items())[:8]]
+    return [*lines, *_table(["code", "share of CPU samples"], rows),
+            "The kernel's share moves with how busy the other CPU is: waking a process there "
+            "(wrk, the fake upstream) costs a hypercall when that CPU idles.", ""]
 
 
 def bounds(r: dict[str, Any], unmet: list[str]) -> list[str]:
@@ -396,6 +413,26 @@ def _cpu_bound(r: dict[str, Any]) -> str:
             f"after-turn bookkeeping {share('schedule_after_turn'):.0%}, and "
             f"{profile.framework_only:.0%} in stacks with no memory-proxy frame (uvicorn, "
             "Starlette, asyncio, aiohttp)."
+        )
+    split = ((r.get("native") or {}).get("C") or {}).get("shares")
+    if isinstance(split, dict):
+
+        def part(prefix: str) -> float:
+            return sum(v for k, v in split.items() if k.startswith(prefix))
+
+        text += (
+            f" Below Python (perf, every thread): {part('libpython'):.0%} of the CPU samples "
+            f"fall in the CPython interpreter, {part('[kernel'):.0%} in the kernel (loopback "
+            "sockets, and waking the processes on the other CPU: in this virtual machine a "
+            "hypercall when that CPU idles, `kvm_kick_cpu`) and "
+            f"{part('libsqlite3'):.0%} in SQLite."
+        )
+    b_tail = (r.get("latency_added") or {}).get("B")
+    if b_tail:
+        text += (
+            f" The tail at concurrency 1: the bare pass-through B, which does no work of its "
+            f"own, shows an added p99 of {b_tail['p99']:.2f} ms in the same rounds, so most of "
+            "the p99 is the machine's (a shared virtual CPU: wake-ups, neighbours)."
         )
     return text
 

@@ -282,12 +282,14 @@ class Run:
         results["pool_turns"] = {k: p.turns_per_session() for k, p in
                                  (("sqlite", pools["sqlite"]), ("redis", pools["redis"]))}
 
-        self.step("profiles under load (py-spy)")
+        self.step("profiles under load (py-spy, perf)")
         results["profiles"] = {}
         for target in (by_key["C"], by_key["C'"]):
             profile, result = phases.profile_under_load(
                 target, plan.profile_seconds, 32, env, target.key.replace("'", "2"), gil=True)
             results["profiles"][target.key] = {"profile": profile, "rps": result.rps}
+        split, result = phases.native_split(by_key["C"], plan.profile_seconds, 32, env, "C")
+        results["native"] = {"C": {"shares": split, "rps": result.rps}}
         results["peak_rss_mb"] = {t.key: t.server.peak_rss_mb() for t in targets}
         results["redis_cpu_s"] = redis.cpu_seconds()
         results["session_cache"] = {key: phases.session_cache_counts(by_key[key].base_url)
