@@ -21,7 +21,7 @@ from strategies.records import SessionSnapshot, StoredMessage, chain_hash
 SyncMode = Literal["full", "delta"]
 SYSTEM_ROLES = ("system", "developer")
 CONVERSATION_ROLES = ("user", "assistant", "tool", "system", "developer")
-PLAIN_ROLES = frozenset(["user", "assistant", "system", "developer"])
+PLAIN_ROLES = ("user", "assistant", "system", "developer")  # a tuple: a role may be unhashable
 MAX_IDEMPOTENCY_KEY = 255
 
 
