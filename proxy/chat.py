@@ -205,26 +205,36 @@ async def relay(
     client_wants_usage: bool,
     headers: dict[str, str],
 ) -> AsyncIterator[bytes]:
-    """Forward events as they arrive; store the reply before the closing ``[DONE]`` so a
-    client that saw ``[DONE]`` can count on the turn being stored."""
+    """Forward events as they arrive (those that arrived together, in one write); store the
+    reply before the closing ``[DONE]`` so a client that saw ``[DONE]`` can count on the
+    turn being stored."""
     accumulator = ReplyAccumulator()
+    ready = getattr(stream, "ready", None)
     try:
         try:
-            async for event in stream:
-                data = event.data
-                if data[:1] == b"{":  # a chunk (the usual event): never [DONE]
-                    if turn is not None:
-                        chunk = orjson.loads(data)
-                        accumulator.add_chunk(chunk)
-                        if (
-                            not client_wants_usage
-                            and chunk.get("usage")
-                            and not chunk.get("choices")
-                        ):
-                            continue
-                elif event.done:
+            async for first in stream:
+                out: list[bytes] = []
+                done = False
+                for event in (first, *ready()) if ready is not None else (first,):
+                    data = event.data
+                    if data[:1] == b"{":  # a chunk (the usual event): never [DONE]
+                        if turn is not None:
+                            chunk = orjson.loads(data)
+                            accumulator.add_chunk(chunk)
+                            if (
+                                not client_wants_usage
+                                and chunk.get("usage")
+                                and not chunk.get("choices")
+                            ):
+                                continue
+                    elif event.done:
+                        done = True
+                        break
+                    out.append(event.raw)
+                if out:
+                    yield out[0] if len(out) == 1 else b"".join(out)
+                if done:
                     break
-                yield event.raw
             else:
                 if turn is not None and not accumulator.complete:
                     raise UpstreamCut("upstream stream ended before the reply was complete")

@@ -55,7 +55,10 @@ class UpstreamStream(Protocol):
     headers: dict[str, str]
 
     def __aiter__(self) -> AsyncIterator[SSEEvent]:
-        """Events as they arrive. A cut connection raises ``UpstreamError``."""
+        """Events as they arrive. A cut connection raises ``UpstreamError``.
+
+        A stream may also offer ``ready() -> list[SSEEvent]``: the events it already
+        received and not yet iterated, without waiting (they are forwarded together)."""
 
     async def aclose(self) -> None:
         """Abort the upstream call (client went away) or release the connection."""

@@ -106,6 +106,16 @@ class OpenAIStream:
                 pending.extend(self._parser.flush())
         return pending.popleft()
 
+    def ready(self) -> list[SSEEvent]:
+        """The events already received and not iterated yet, taken without waiting: the
+        rest of what one read of the upstream brought."""
+        pending = self._pending
+        if not pending:
+            return []
+        events = list(pending)
+        pending.clear()
+        return events
+
     async def aclose(self) -> None:
         response = self._response
         if not self._eof and self._saw_done:

@@ -308,3 +308,46 @@ def test_the_accumulator_reads_every_chunk_shape_providers_send() -> None:
             assert message["tool_calls"][0]["function"]["arguments"] == "".join(args)
         assert accumulator.usage == usage and accumulator.finish_reason == "stop"
         assert (accumulator.id, accumulator.model) == ("c1", "m")
+
+
+async def test_events_that_arrive_together_are_forwarded_together() -> None:
+    """One write per read of the upstream: what one read brought (``ready()``) goes out in
+    one piece, in order, up to ``[DONE]``; a later read is a later piece."""
+    from proxy.chat import DONE, relay
+    from proxy.upstream.base import SSEEvent
+
+    def event(text: str) -> SSEEvent:
+        data = b'{"choices":[{"index":0,"delta":{"content":"' + text.encode() + b'"}}]}'
+        return SSEEvent(b"data: " + data + b"\n\n", data)
+
+    done = SSEEvent(b"data: [DONE]\n\n", b"[DONE]")
+    reads = [[event("a"), event("b"), event("c")], [event("d"), done, event("late")]]
+
+    class Stream:
+        status_code, headers, closed = 200, {}, False
+
+        def __init__(self) -> None:
+            self.pending: list[SSEEvent] = []
+
+        def __aiter__(self):
+            return self
+
+        async def __anext__(self) -> SSEEvent:
+            if not self.pending:
+                if not reads:
+                    raise StopAsyncIteration
+                self.pending = reads.pop(0)
+            return self.pending.pop(0)
+
+        def ready(self) -> list[SSEEvent]:
+            taken, self.pending = self.pending, []
+            return taken
+
+        async def aclose(self) -> None:
+            self.closed = True
+
+    stream = Stream()
+    pieces = [piece async for piece in relay(None, stream, None, True, {})]
+
+    assert pieces == [event("a").raw + event("b").raw + event("c").raw, event("d").raw, DONE]
+    assert stream.closed
