@@ -236,6 +236,13 @@ def render(r: dict[str, Any]) -> str:
               "read at the client, ms after the request:", "",
               "- A: " + ", ".join(f"{t * 1000:.0f}" for t in chunks["A"]),
               "- C: " + ", ".join(f"{t * 1000:.0f}" for t in chunks["C"]), ""]
+    long = r.get("long_streams")
+    if long:
+        lines += ["Long replies: a fake that streams 300 events in one write, aiohttp client at "
+                  "concurrency 8. CPU of the server per streamed turn (B forwards bytes "
+                  "without reading them; C parses every event to store the reply):", ""]
+        rows = [[k, _ms(v["cpu_ms"]), _ms(v["p50"]), v["errors"]] for k, v in long.items()]
+        lines += _table(["target", "CPU / streamed turn", "latency p50", "errors"], rows)
 
     lines += ["## Per-turn cost against stored history", "",
               f"aiohttp client at concurrency 1, {r['plan']['history_requests']} delta turns per "

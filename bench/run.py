@@ -275,6 +275,7 @@ class Run:
         results["sse"] = {k: {"ttfb_p50": m.ttfb_ms(50), "ttfb_p99": m.ttfb_ms(99),
                               "errors": m.errors()} for k, m in sse.items()}
         results["chunks"] = self.chunk_check(upstream, sqlite_url)
+        results["long_streams"] = self.long_streams(sqlite_url)
 
         self.step("histories of " + ", ".join(map(str, HISTORIES)) + " stored messages")
         results["histories"] = self.histories(by_key, pools)
@@ -436,6 +437,33 @@ class Run:
             self.stop(proxy)
             self.stop(slow)
         return timing
+
+    def long_streams(self, sqlite_url: str) -> dict:
+        """CPU per streamed turn when a reply is long: a fake that streams 300 events, all
+        in one write (a fast model, or a proxy catching up under load), through B and C at
+        concurrency 8. What each event costs on its way through."""
+        fake = self.start(servers.fake_upstream(self.env_cpus, extra=("--reply-words", "300"),
+                                                name="fake-long"))
+        b = self.start(servers.passthrough(fake.url + "/v1", self.sut_cpus))
+        c = self.start(servers.memory_proxy("memory-proxy-long", fake.url + "/v1", sqlite_url,
+                                            self.agents, self.sut_cpus))
+        out: dict = {}
+        try:
+            pool = SessionPool(populate.DEFAULT_AGENT, "long", 200)
+            for key, server, sessions in (("B", b, None), ("C", c, pool)):
+                requests = 200 if self.plan.quick else 1200
+                asyncio.run(load.closed_loop(server.url, requests=100, concurrency=8,
+                                             pool=sessions, stream=True))  # warm
+                cpu = server.cpu_seconds()
+                result = asyncio.run(load.closed_loop(server.url, requests=requests,
+                                                      concurrency=8, pool=sessions, stream=True))
+                out[key] = {"cpu_ms": (server.cpu_seconds() - cpu) / max(1, result.requests)
+                            * 1000, "p50": load.percentile(result.latencies, 50) * 1000,
+                            "errors": result.errors}
+        finally:
+            for server in (c, b, fake):
+                self.stop(server)
+        return out
 
     def inprocess(self, upstream: str, redis_port: int) -> list[dict]:
         costs = []
