@@ -152,26 +152,92 @@ def fingerprint(message: Mapping[str, Any]) -> str:
     return hashlib.sha1(orjson.dumps(canonical(message), option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
+class ResentHashes:
+    """Fingerprints and chains computed recently, by what they were computed from.
+
+    A full-history client resends the same messages every turn; when its history is longer
+    than the page a turn loads, every message is fingerprinted and chained again to match
+    it against the store. Both are pure functions of their inputs, so a dictionary lookup
+    (the text compared, not hashed again with sha1) answers for the messages seen before.
+    Plain text messages only (a role and a string); bounded by ``max_bytes`` of text, past
+    which it starts over.
+    """
+
+    def __init__(self, max_bytes: int = 8 << 20) -> None:
+        self.max_bytes = max_bytes
+        self._fingerprints: dict[tuple[str, str], str] = {}
+        self._chains: dict[tuple[str, str], str] = {}
+        self._size = 0
+
+    def fingerprint(self, message: Mapping[str, Any]) -> str:
+        content, role = message.get("content"), message.get("role")
+        if (
+            type(content) is not str
+            or type(role) is not str
+            or role == "tool"
+            or message.get("tool_calls")
+        ):
+            return fingerprint(message)
+        key = (role, content)
+        value = self._fingerprints.get(key)
+        if value is None:
+            value = self._fingerprints[key] = fingerprint(message)
+            self._grew(len(content) + 200)
+        return value
+
+    def chains(self, fingerprints: Sequence[str]) -> list[str]:
+        """``probe_chains(fingerprints)``."""
+        known = self._chains
+        out: list[str] = []
+        previous = ""
+        for fp in fingerprints:
+            chain = known.get((previous, fp))
+            if chain is None:
+                chain = known[(previous, fp)] = chain_hash(previous, fp)
+                self._grew(200)
+            out.append(chain)
+            previous = chain
+        return out
+
+    def _grew(self, size: int) -> None:
+        self._size += size
+        if self._size > self.max_bytes:
+            self._fingerprints.clear()
+            self._chains.clear()
+            self._size = 0
+
+
+RESENT = ResentHashes()
+
+
 class Fingerprints:
     """A request's conversation fingerprints, each computed when first asked for: a resent
     history matched against a page held in memory (``match_page``) compares most messages
-    by their text instead."""
+    by their text instead. With ``resent``, fingerprints and chains come through the
+    process's ``ResentHashes`` (a full-history client's messages come again next turn)."""
 
-    __slots__ = ("_values", "conversation")
+    __slots__ = ("_fingerprint", "_resent", "_values", "conversation")
 
-    def __init__(self, conversation: Sequence[Mapping[str, Any]]) -> None:
+    def __init__(
+        self, conversation: Sequence[Mapping[str, Any]], resent: ResentHashes | None = None
+    ) -> None:
         self.conversation = conversation
         self._values: list[str | None] = [None] * len(conversation)
+        self._resent = resent
+        self._fingerprint = resent.fingerprint if resent is not None else fingerprint
 
     def __getitem__(self, index: int) -> str:
         value = self._values[index]
         if value is None:
-            value = self._values[index] = fingerprint(self.conversation[index])
+            value = self._values[index] = self._fingerprint(self.conversation[index])
         return value
 
     def probe(self) -> list[str]:
         """The chains to match against the stored log (``Store.load(probe=...)``)."""
-        return probe_chains([self[i] for i in range(len(self._values))])
+        fingerprints = [self[i] for i in range(len(self._values))]
+        if self._resent is not None:
+            return self._resent.chains(fingerprints)
+        return probe_chains(fingerprints)
 
 
 def _same_text(message: Mapping[str, Any], stored: StoredMessage) -> bool:

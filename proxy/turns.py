@@ -199,8 +199,11 @@ async def prepare_turn(
         header=history_header,
         fingerprinted=identity.source == "fingerprint",
     )
-    fingerprints = history_sync.Fingerprints(conversation)
-    resent = fingerprints if mode == "full" else None
+    full = mode == "full"
+    fingerprints = history_sync.Fingerprints(
+        conversation, history_sync.RESENT if full else None
+    )
+    resent = fingerprints if full else None
     agent, strategy, snapshot = await load_snapshot(services, key, agent, resent)
 
     sync = history_sync.plan_sync(mode, conversation, snapshot, retry)

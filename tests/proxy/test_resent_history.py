@@ -151,6 +151,7 @@ def test_full_history_turns_send_and_store_what_an_uncached_proxy_does(
         return fingerprint(message)
 
     monkeypatch.setattr(history_sync, "fingerprint", counted)
+    monkeypatch.setattr(history_sync, "RESENT", history_sync.ResentHashes())
     with_cache = full_history_turns(cached, fake, "a")
     monkeypatch.undo()
     uncached = make_proxy(session_cache_mb=0)
@@ -162,12 +163,13 @@ def test_full_history_turns_send_and_store_what_an_uncached_proxy_does(
     assert any(m.content == "question 1" for m in cached.stored("resend", "a")) is False
     # warm turns are matched against the cached page: no probe sent to the store
     assert loads[2:] and all(probe == 0 and known for probe, known in loads[2:])
-    # ... where a message resent unchanged is not fingerprinted again: a question is
-    # fingerprinted when it is new, and once more only by the session's second turn (its
-    # first write has no cached version to follow, so the store's probe matches it)
+    # ... and a message resent unchanged is not fingerprinted again: against the cached
+    # page it is compared by its text; for the store's probe (the session's second turn
+    # has no cached version to follow) its fingerprint is remembered (ResentHashes). The
+    # first request holds no assistant message, so it was taken for a delta (not
+    # remembered): its question is fingerprinted once more, by the second turn's probe.
     texts = [m.get("content") for m in fingerprinted if m.get("role") == "user"]
-    assert texts.count("question 2") == 1 and texts.count("question 3") == 1
-    assert texts.count("question 0") == 2
+    assert [texts.count(f"question {n}") for n in range(4)] == [2, 1, 1, 1]
 
 
 def test_a_session_grown_past_the_cached_page_is_matched_by_the_store(make_proxy, fake):
@@ -201,3 +203,24 @@ def test_fingerprints_are_those_of_the_canonical_form(message: dict) -> None:
     # the fast path for plain text must give what every stored fingerprint was made with
     canonical = orjson.dumps(history_sync.canonical(message), option=orjson.OPT_SORT_KEYS)
     assert history_sync.fingerprint(message) == hashlib.sha1(canonical).hexdigest()
+
+
+def test_resent_hashes_answer_what_computing_them_answers() -> None:
+    hashes = history_sync.ResentHashes(max_bytes=2_000)
+    messages = [
+        {"role": "user", "content": "same text"},
+        {"role": "assistant", "content": "same text"},  # another role: another fingerprint
+        {"role": "assistant", "content": "x", "tool_calls": [
+            {"id": "c1", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "result"},
+        {"role": "user", "content": [{"type": "text", "text": "parts"}]},
+    ]
+    for _ in range(3):  # computed, then remembered
+        for message in messages:
+            assert hashes.fingerprint(message) == history_sync.fingerprint(message)
+        fps = [history_sync.fingerprint(m) for m in messages]
+        assert hashes.chains(fps) == history_sync.probe_chains(fps)
+    for n in range(50):  # past max_bytes it starts over, still right
+        message = {"role": "user", "content": f"text {n} " * 20}
+        assert hashes.fingerprint(message) == history_sync.fingerprint(message)
+    assert hashes._size <= 2_000
