@@ -57,7 +57,21 @@ class SSEParser:
         pos = self._scan
         if not self._crlf:
             find = buf.find
-            while (i := find(b"\n\n", pos)) >= 0:
+            while (j := find(b"\n", pos)) >= 0:
+                if pos == start and buf[j + 1 : j + 2] == b"\n":
+                    # a one-line event (its first newline starts the blank line): by far the
+                    # usual `data: {...}`, taken without scanning it again
+                    end = j + 2
+                    if buf[start : start + 6] == b"data: ":
+                        data = buf[start + 6 : j]
+                    else:
+                        data = _data_of(buf[start:j])
+                    events.append(SSEEvent(buf[start:end], data))
+                    start = pos = end
+                    continue
+                i = find(b"\n\n", j)
+                if i < 0:
+                    break
                 end = i + 2
                 events.append(SSEEvent(buf[start:end], _data_of(buf[start:i])))
                 start = pos = end

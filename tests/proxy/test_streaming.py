@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import orjson
@@ -9,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.sse import SSEParser, parse_sse
+from proxy.sse import SSEParser, _data_of, parse_sse
 from proxy.streaming import ReplyAccumulator
 from proxy.upstream.base import SSEEvent
 
@@ -64,6 +65,9 @@ def test_parser_yields_the_same_events_for_any_split_of_the_stream(
 
     assert events == parse_sse(stream)
     assert b"".join(e.raw for e in events) == stream
+    # each event's data is what the general rule reads from its block
+    blocks = re.split(rb"\r\n\r\n|\n\n|\n\r\n|\r\n\n", stream)[:-1]
+    assert [e.data for e in events] == [_data_of(block) for block in blocks]
 
 
 def test_parser_splits_events_at_blank_lines_and_keeps_their_raw_bytes() -> None:
