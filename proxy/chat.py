@@ -215,22 +215,27 @@ async def relay(
             async for first in stream:
                 out: list[bytes] = []
                 done = False
-                for event in (first, *ready()) if ready is not None else (first,):
-                    data = event.data
-                    if data[:1] == b"{":  # a chunk (the usual event): never [DONE]
-                        if turn is not None:
-                            chunk = orjson.loads(data)
-                            accumulator.add_chunk(chunk)
-                            if (
-                                not client_wants_usage
-                                and chunk.get("usage")
-                                and not chunk.get("choices")
-                            ):
-                                continue
-                    elif event.done:
-                        done = True
-                        break
-                    out.append(event.raw)
+                try:
+                    for event in (first, *ready()) if ready is not None else (first,):
+                        data = event.data
+                        if data[:1] == b"{":  # a chunk (the usual event): never [DONE]
+                            if turn is not None:
+                                chunk = orjson.loads(data)
+                                accumulator.add_chunk(chunk)
+                                if (
+                                    not client_wants_usage
+                                    and chunk.get("usage")
+                                    and not chunk.get("choices")
+                                ):
+                                    continue
+                        elif event.done:
+                            done = True
+                            break
+                        out.append(event.raw)
+                except Exception:
+                    if out:  # what came before the event that failed still goes out
+                        yield b"".join(out)
+                    raise
                 if out:
                     yield out[0] if len(out) == 1 else b"".join(out)
                 if done:

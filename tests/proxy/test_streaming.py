@@ -355,3 +355,42 @@ async def test_events_that_arrive_together_are_forwarded_together() -> None:
 
     assert pieces == [event("a").raw + event("b").raw + event("c").raw, event("d").raw, DONE]
     assert stream.closed
+
+
+async def test_events_before_a_malformed_one_in_the_same_read_are_still_forwarded() -> None:
+    """Forwarding per read keeps what per event did: the events before one that cannot be
+    read are sent, then the stream fails (StreamReply sends the error event)."""
+    from proxy.chat import relay
+    from proxy.upstream.base import SSEEvent
+
+    good = b'{"id":"c","choices":[{"index":0,"delta":{"content":"a"}}]}'
+    reads = [[SSEEvent(b"data: " + good + b"\n\n", good),
+              SSEEvent(b"data: {not json\n\n", b"{not json")]]
+
+    class Stream:
+        status_code, headers = 200, {}
+
+        def __aiter__(self):
+            return self
+
+        async def __anext__(self) -> SSEEvent:
+            if not reads:
+                raise StopAsyncIteration
+            self.pending = reads.pop(0)
+            return self.pending.pop(0)
+
+        def ready(self) -> list[SSEEvent]:
+            taken, self.pending = self.pending, []
+            return taken
+
+        async def aclose(self) -> None:
+            pass
+
+    class Turn:  # relay reads the chunks only when a turn is being stored
+        pass
+
+    pieces: list[bytes] = []
+    with pytest.raises(orjson.JSONDecodeError):
+        async for piece in relay(None, Stream(), Turn(), True, {}):
+            pieces.append(piece)
+    assert pieces == [b"data: " + good + b"\n\n"]
