@@ -74,34 +74,13 @@ class ReplyAccumulator:
             self.add_chunk(chunk)
 
     def add_chunk(self, chunk: dict[str, Any]) -> None:
-        choices = chunk.get("choices")
-        if (
-            self.id is not None
-            and type(choices) is list
-            and len(choices) == 1
-            and not chunk.get("usage")
-        ):
-            # the usual chunk of a stream, one choice and a text delta: what the general
-            # path below does with it, in fewer steps
-            choice = choices[0]
-            delta = choice.get("delta")
-            if (
-                choice.get("finish_reason") is None
-                and choice.get("index", 0) == 0
-                and type(delta) is dict
-                and not delta.get("tool_calls")
-                and not delta.get("refusal")
-            ):
-                content = delta.get("content")
-                if content:
-                    self._content.append(content)
-                return
         if self.id is None:
             self.id = chunk.get("id")
             self.model = chunk.get("model")
         usage = chunk.get("usage")
         if usage:
             self.usage = usage
+        choices = chunk.get("choices")
         if not choices:
             if "error" in chunk:
                 self.error = chunk["error"]

@@ -314,43 +314,46 @@ def test_the_accumulator_reads_every_chunk_shape_providers_send() -> None:
         assert (accumulator.id, accumulator.model) == ("c1", "m")
 
 
+class ReadsStream:
+    """An upstream stream whose reads bring the given lists of events (``ready()`` hands
+    out the rest of the current read, as ``OpenAIStream`` does)."""
+
+    status_code, headers = 200, {}
+
+    def __init__(self, reads: list[list[SSEEvent]]) -> None:
+        self.reads = reads
+        self.pending: list[SSEEvent] = []
+        self.closed = False
+
+    def __aiter__(self) -> ReadsStream:
+        return self
+
+    async def __anext__(self) -> SSEEvent:
+        if not self.pending:
+            if not self.reads:
+                raise StopAsyncIteration
+            self.pending = self.reads.pop(0)
+        return self.pending.pop(0)
+
+    def ready(self) -> list[SSEEvent]:
+        taken, self.pending = self.pending, []
+        return taken
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
 async def test_events_that_arrive_together_are_forwarded_together() -> None:
     """One write per read of the upstream: what one read brought (``ready()``) goes out in
     one piece, in order, up to ``[DONE]``; a later read is a later piece."""
     from proxy.chat import DONE, relay
-    from proxy.upstream.base import SSEEvent
 
     def event(text: str) -> SSEEvent:
         data = b'{"choices":[{"index":0,"delta":{"content":"' + text.encode() + b'"}}]}'
         return SSEEvent(b"data: " + data + b"\n\n", data)
 
     done = SSEEvent(b"data: [DONE]\n\n", b"[DONE]")
-    reads = [[event("a"), event("b"), event("c")], [event("d"), done, event("late")]]
-
-    class Stream:
-        status_code, headers, closed = 200, {}, False
-
-        def __init__(self) -> None:
-            self.pending: list[SSEEvent] = []
-
-        def __aiter__(self):
-            return self
-
-        async def __anext__(self) -> SSEEvent:
-            if not self.pending:
-                if not reads:
-                    raise StopAsyncIteration
-                self.pending = reads.pop(0)
-            return self.pending.pop(0)
-
-        def ready(self) -> list[SSEEvent]:
-            taken, self.pending = self.pending, []
-            return taken
-
-        async def aclose(self) -> None:
-            self.closed = True
-
-    stream = Stream()
+    stream = ReadsStream([[event("a"), event("b"), event("c")], [event("d"), done, event("late")]])
     pieces = [piece async for piece in relay(None, stream, None, True, {})]
 
     assert pieces == [event("a").raw + event("b").raw + event("c").raw, event("d").raw, DONE]
@@ -361,36 +364,16 @@ async def test_events_before_a_malformed_one_in_the_same_read_are_still_forwarde
     """Forwarding per read keeps what per event did: the events before one that cannot be
     read are sent, then the stream fails (StreamReply sends the error event)."""
     from proxy.chat import relay
-    from proxy.upstream.base import SSEEvent
 
     good = b'{"id":"c","choices":[{"index":0,"delta":{"content":"a"}}]}'
-    reads = [[SSEEvent(b"data: " + good + b"\n\n", good),
-              SSEEvent(b"data: {not json\n\n", b"{not json")]]
-
-    class Stream:
-        status_code, headers = 200, {}
-
-        def __aiter__(self):
-            return self
-
-        async def __anext__(self) -> SSEEvent:
-            if not reads:
-                raise StopAsyncIteration
-            self.pending = reads.pop(0)
-            return self.pending.pop(0)
-
-        def ready(self) -> list[SSEEvent]:
-            taken, self.pending = self.pending, []
-            return taken
-
-        async def aclose(self) -> None:
-            pass
+    stream = ReadsStream([[SSEEvent(b"data: " + good + b"\n\n", good),
+                           SSEEvent(b"data: {not json\n\n", b"{not json")]])
 
     class Turn:  # relay reads the chunks only when a turn is being stored
         pass
 
     pieces: list[bytes] = []
     with pytest.raises(orjson.JSONDecodeError):
-        async for piece in relay(None, Stream(), Turn(), True, {}):
+        async for piece in relay(None, stream, Turn(), True, {}):
             pieces.append(piece)
     assert pieces == [b"data: " + good + b"\n\n"]

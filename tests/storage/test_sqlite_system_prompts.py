@@ -22,15 +22,12 @@ def message(text: str) -> StoredMessage:
 
 @pytest.fixture
 def path(tmp_path: Path) -> Path:
-    return tmp_path / "store.db"
+    return tmp_path / "store.db"  # where conftest's sqlite_store keeps its database
 
 
 @pytest.fixture
-async def store(path: Path) -> SqliteStore:
-    opened = SqliteStore(f"sqlite:///{path}")
-    await opened.open()
-    yield opened
-    await opened.close()
+def store(sqlite_store: SqliteStore) -> SqliteStore:
+    return sqlite_store
 
 
 def rows(path: Path, sql: str) -> list[tuple]:
