@@ -11,6 +11,13 @@ This times that loop on each backend: a pool of sessions of 20 stored messages, 
 
     python bench/store_micro.py                     # this checkout, both backends
     python bench/store_micro.py --baseline DIR      # side by side with DIR/storage
+    python bench/store_micro.py --backend sqlite --cpu 1 --turns 20000 --baseline DIR
+                                                    # stalls: the process on one CPU
+
+Each turn's wall time is recorded too: the tail (p99, p99.9, max, turns over 2 ms) shows
+the stalls the store's background work causes (SQLite's checkpoints), most visible with
+``--cpu``, which pins the process (and so the store's thread) to one CPU as the benchmark
+pins the server.
 
 ``--baseline`` runs each measurement in child processes, alternating: one with ``DIR``
 ahead of the repository on ``sys.path`` (another copy of the ``storage`` package, e.g.
@@ -106,8 +113,11 @@ async def _measure(
         _server_cpu_ns(server_pid), time.process_time(), time.perf_counter()
     )
     sys_before = resource.getrusage(resource.RUSAGE_SELF).ru_stime
+    durations = []
     for index in range(200, 200 + turns):
+        began = time.perf_counter()
         await turn(index)
+        durations.append(time.perf_counter() - began)
     cpu = time.process_time() - cpu_before
     system = resource.getrusage(resource.RUSAGE_SELF).ru_stime - sys_before
     wall = time.perf_counter() - wall_before
@@ -118,10 +128,26 @@ async def _measure(
         "client_sys_us": system / turns * 1e6,
         "server_us": server / turns * 1e6 if server_pid else None,
         "wall_us": wall / turns * 1e6,
+        **_tail(durations),
+    }
+
+
+def _tail(durations: list[float]) -> dict[str, float]:
+    """Percentiles of the turns' wall times in microseconds, and the turns over 2 ms."""
+    ordered = sorted(durations)
+    last = len(ordered) - 1
+    return {
+        "p50_us": ordered[last // 2] * 1e6,
+        "p99_us": ordered[round(last * 0.99)] * 1e6,
+        "p999_us": ordered[round(last * 0.999)] * 1e6,
+        "max_us": ordered[-1] * 1e6,
+        "over_2ms": sum(1 for d in ordered if d > 0.002),
     }
 
 
 def child(args: argparse.Namespace) -> None:
+    if args.cpu is not None:
+        os.sched_setaffinity(0, {args.cpu})  # threads started from now on inherit it
     _import_path(args.impl)
     sys.path.insert(0, str(HERE))
     import storage
@@ -148,6 +174,8 @@ def _run_child(
     command = [sys.executable, __file__, "--child", "--turns", str(args.turns),
                "--sessions", str(args.sessions), "--loop", args.loop,
                "--system-prompt-chars", str(args.system_prompt_chars)]  # fmt: skip
+    if args.cpu is not None:
+        command += ["--cpu", str(args.cpu)]
     if impl:
         command += ["--impl", impl]
     if url:
@@ -173,6 +201,7 @@ def main() -> None:
         help="event loop (memory-proxy serve runs on uvloop when it is installed)",
     )
     parser.add_argument("--baseline", help="a directory holding another storage/ package")
+    parser.add_argument("--cpu", type=int, help="pin each measured process to this CPU")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--impl", help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
@@ -193,6 +222,7 @@ def main() -> None:
     try:
         best: dict[tuple[str, str], dict[str, Any]] = {}
         totals: dict[tuple[str, str], list[float]] = {}
+        runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
         for _ in range(args.repeats):
             for backend in backends:
                 for name, impl in impls:
@@ -204,6 +234,7 @@ def main() -> None:
                     total = out["client_us"] + (out["server_us"] or 0.0)
                     slot = (backend, name)
                     totals.setdefault(slot, []).append(total)
+                    runs.setdefault(slot, []).append(out)
                     if slot not in best or total < best[slot]["total_us"]:
                         best[slot] = out | {"total_us": total}
     finally:
@@ -223,6 +254,16 @@ def main() -> None:
               f"{'-' if server_us is None else f'{server_us:.1f}':>8} "
               f"{out['total_us']:8.1f} {out['wall_us']:8.1f} "
               f"{statistics.median(totals[(backend, name)]):8.1f}")  # fmt: skip
+    print(f"\nwall time per turn{f' on CPU {args.cpu}' if args.cpu is not None else ''}, "
+          "medians over the repeats (us), and the turns over 2 ms in all of them")
+    print(f"{'backend':8} {'impl':9} {'p50':>8} {'p99':>8} {'p99.9':>8} {'max':>9} {'>2ms':>6}")
+    for (backend, name), outs in runs.items():
+        def median(field: str, outs: list[dict[str, Any]] = outs) -> float:
+            return statistics.median(out[field] for out in outs)
+
+        print(f"{backend:8} {name:9} {median('p50_us'):8.1f} {median('p99_us'):8.1f} "
+              f"{median('p999_us'):8.1f} {median('max_us'):9.1f} "
+              f"{sum(out['over_2ms'] for out in outs):6d}")  # fmt: skip
     if args.baseline:
         for backend in backends:
             old, new = best[(backend, "baseline")], best[(backend, "current")]

@@ -12,11 +12,12 @@ loop never does) and the WAL checkpoints, the only step that syncs to disk.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -45,10 +46,23 @@ T = TypeVar("T")
 Row = tuple[Any, ...]
 # write transactions between two background checkpoints (a few pages each, ~1000 pages)
 CHECKPOINT_EVERY = 256
-# Passive checkpoints never hold writers back, so under sustained writes the log may never
-# be fully copied and restarted; past this many 4 KiB frames one checkpoint restarts it
-# (writers that arrive meanwhile wait for it on the store's thread, not on the loop).
+# Passive checkpoints never hold writers back, so under sustained writes the log is never
+# fully copied at a moment without a write, and never starts over; past this many 4 KiB
+# frames the checkpoint that copied it restarts it (see ``SqliteStore._settle``).
 WAL_RESTART_FRAMES = 4096
+# a restart comes after a copy during which at most this many writes were made (a copy
+# taken while more were made is followed by another, at most MAX_CATCH_UPS times): what the
+# restart copies holds the loop's jobs back
+CATCH_UP_WRITES = 16
+MAX_CATCH_UPS = 2
+# how long a restart waits for another process's transaction before it gives up (the
+# loop's jobs wait behind it meanwhile); the next checkpoint tries again
+RESTART_WAIT_MS = 100
+# a log restarted after it grew past this is cut back to it (it never shrinks otherwise)
+JOURNAL_SIZE_LIMIT = 2 * WAL_RESTART_FRAMES * 4096
+# the store thread's connection waits this long for a lock held by another process
+THREAD_BUSY_TIMEOUT_MS = 5000
+
 KEY = "namespace = ? AND agent = ? AND session = ?"
 READ_META = f"SELECT meta FROM sessions WHERE {KEY}"
 
@@ -133,8 +147,9 @@ class SqliteStore:
         self._thread_conn: sqlite3.Connection | None = None  # the store thread's
         self._queued = 0  # jobs sent to the thread and not finished: later ones follow them
         self._writes = 0  # write transactions since the last checkpoint was started
-        self._checkpointing = False
-        self._wal_frames = 0  # the log's length at the last checkpoint
+        # the checkpoint step running on the store's thread, if any ("copy" or "restart")
+        self._step: tuple[Future[Any], str] | None = None
+        self._catch_ups = 0  # copies since the one that found the log long
         self._prompts = SystemPrompts()
 
     async def open(self) -> None:
@@ -311,7 +326,9 @@ class SqliteStore:
         """On the store's thread: its connection, and the schema."""
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        conn = _open_connection(self.path, busy_timeout_ms=5000, checkpoints=True)
+        conn = _open_connection(
+            self.path, busy_timeout_ms=THREAD_BUSY_TIMEOUT_MS, checkpoints=True
+        )
         conn.executescript(SCHEMA + sqlite_prompts.SCHEMA)
         self._thread_conn = conn
 
@@ -363,30 +380,93 @@ class SqliteStore:
 
     def _wrote(self) -> None:
         """Count an inline write; every ``CHECKPOINT_EVERY`` start a checkpoint on the
-        store's thread, so the syncing step never runs on the event loop."""
+        store's thread, so the syncing step never runs on the event loop. A finished step
+        is settled here as well as by a callback on the loop, so a writer that does not
+        yield still moves the checkpoints on."""
         self._writes += 1
-        if self._writes < CHECKPOINT_EVERY or self._checkpointing or self._executor is None:
+        if self._step is not None and self._step[0].done():
+            self._settle(self._step[0])
+        if self._writes < CHECKPOINT_EVERY or self._step is not None or self._executor is None:
             return
         if self._conn is self._thread_conn:  # in memory: no WAL
             return
         self._writes = 0
-        self._checkpointing = True
-        self._executor.submit(self._checkpoint)
+        self._run_step("copy", self._copy_log)
 
-    def _checkpoint(self) -> None:
-        """On the store's thread: copy the log into the database (and sync it)."""
-        restart = self._wal_frames > WAL_RESTART_FRAMES
+    def _run_step(self, kind: str, job: Callable[[], Any]) -> None:
+        assert self._executor is not None
+        future = self._executor.submit(job)
+        self._step = (future, kind)
+        loop = asyncio.get_running_loop()
+
+        def done(future: Future[Any]) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed without closing us
+                loop.call_soon_threadsafe(self._settle, future)
+
+        future.add_done_callback(done)
+
+    def _settle(self, future: Future[Any]) -> None:
+        """On the loop, once a step is done (the first of ``_wrote`` and the callback).
+
+        A copy that found the log past ``WAL_RESTART_FRAMES`` is followed by a restart:
+        only the frames written during the copy are left to copy, a millisecond's work
+        (when many writes were made during it, another copy takes them first: a copy does
+        not hold the loop back). The loop's jobs queue behind the restart on the store's
+        thread (``_submit``), so the restart never finds the loop's connection in a
+        transaction: SQLite's busy handler would wait for it in sleeps of whole
+        milliseconds, with every write arriving meanwhile stuck behind it."""
+        if self._step is None or self._step[0] is not future:
+            return  # settled already
+        kind = self._step[1]
+        self._step = None
+        if kind == "restart":
+            self._queued -= 1
+            return
+        frames = None if future.cancelled() or future.exception() else future.result()
+        if frames is None or frames <= WAL_RESTART_FRAMES or self._executor is None:
+            self._catch_ups = 0
+        elif self._writes > CATCH_UP_WRITES and self._catch_ups < MAX_CATCH_UPS:
+            self._catch_ups += 1
+            self._writes = 0
+            self._run_step("copy", self._copy_log)
+        else:
+            self._catch_ups = 0
+            self._queued += 1
+            self._run_step("restart", self._restart_log)
+
+    @property
+    def checkpointing(self) -> bool:
+        """A checkpoint (a copy or a restart of the log) is running."""
+        return self._step is not None
+
+    def _copy_log(self) -> int | None:
+        """On the store's thread: copy the log into the database and sync it, while the
+        loop goes on writing (PASSIVE never waits); the log's length in frames, None when
+        the copy failed (the next one catches up; the log stays valid either way)."""
+        if self._thread_conn is None:
+            return None
         try:
-            if self._thread_conn is not None:
-                mode = "RESTART" if restart else "PASSIVE"  # PASSIVE never waits
-                busy, frames, _ = self._thread_conn.execute(
-                    f"PRAGMA wal_checkpoint({mode})"
-                ).fetchone()
-                self._wal_frames = 0 if restart and not busy else frames
+            _, frames, _ = self._thread_conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
         except sqlite3.Error:
-            pass  # the next one catches up; the log stays valid either way
-        finally:
-            self._checkpointing = False
+            return None
+        return int(frames)
+
+    def _restart_log(self) -> None:
+        """On the store's thread: the rest of the log copied, and the log starts over at
+        the next write. The file keeps its size (up to ``JOURNAL_SIZE_LIMIT``), so the
+        writes that follow overwrite blocks instead of growing it."""
+        conn = self._thread_conn
+        if conn is None:
+            return
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {RESTART_WAIT_MS}")
+            try:
+                conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
+            finally:
+                conn.execute(f"PRAGMA busy_timeout = {THREAD_BUSY_TIMEOUT_MS}")
+        except sqlite3.Error:
+            pass  # another process held the database: the next checkpoint tries again
+
 
 
 def _open_connection(path: str, *, busy_timeout_ms: int, checkpoints: bool) -> sqlite3.Connection:
@@ -398,6 +478,7 @@ def _open_connection(path: str, *, busy_timeout_ms: int, checkpoints: bool) -> s
     # crash or power loss can drop the last commits, and the file stays consistent.
     conn.execute("PRAGMA synchronous = NORMAL")
     conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+    conn.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}")
     if not checkpoints:
         conn.execute("PRAGMA wal_autocheckpoint = 0")
     return conn

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 from pathlib import Path
 
 import pytest
@@ -86,13 +87,108 @@ async def test_the_write_ahead_log_is_checkpointed_in_the_background(
     for turn in range(400):
         await store.append_turn(KEY, TurnWrite(messages=[message(f"{turn} " + "x" * 2000)]))
         for _ in range(500):  # let a checkpoint this write started finish (a slow disk)
-            if not store._checkpointing:
+            if not store.checkpointing:
                 break
             await asyncio.sleep(0.002)
     # without checkpoints the log holds every page written: several megabytes by now
     assert (tmp_path / "store.db-wal").stat().st_size < 1_000_000
     snapshot = await store.load(KEY, LoadSpec(limit=1000))
     assert len(snapshot.messages) == 400
+
+
+async def test_a_long_log_is_restarted_with_the_loops_jobs_held_behind_the_restart(
+    store: SqliteStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The copy runs while the loop writes on; the restart after it copies the few frames
+    written meanwhile, and jobs that arrive during it wait on the store's thread, in order,
+    instead of holding a transaction the restart would have to wait for."""
+    monkeypatch.setattr(storage.sqlite, "CHECKPOINT_EVERY", 4)
+    monkeypatch.setattr(storage.sqlite, "WAL_RESTART_FRAMES", 0)
+    started, release = threading.Event(), threading.Event()
+    restart, copy = store._restart_log, store._copy_log
+    steps: list[tuple[str, str]] = []
+
+    def held_restart() -> None:
+        steps.append(("restart", threading.current_thread().name.split("_")[0]))
+        started.set()
+        release.wait(5)
+        restart()
+
+    def recorded_copy() -> int | None:
+        steps.append(("copy", threading.current_thread().name.split("_")[0]))
+        return copy()
+
+    monkeypatch.setattr(store, "_restart_log", held_restart)
+    monkeypatch.setattr(store, "_copy_log", recorded_copy)
+    for turn in range(4):  # the fourth write starts the checkpoint
+        await store.append_turn(KEY, TurnWrite(messages=[message(f"{turn} " + "x" * 5000)]))
+    assert await asyncio.to_thread(started.wait, 5)
+    assert steps == [("copy", "sqlite-store"), ("restart", "sqlite-store")]
+    log_before = (tmp_path / "store.db-wal").stat().st_size
+
+    late = [
+        asyncio.create_task(store.append_turn(KEY, TurnWrite(messages=[message(f"late {i}")])))
+        for i in range(3)
+    ]
+    loaded = asyncio.create_task(store.load(KEY, LoadSpec(limit=100)))
+    await asyncio.sleep(0.05)
+    assert not any(task.done() for task in [*late, loaded])
+    release.set()
+    assert [(await task).seqs for task in late] == [[5], [6], [7]]
+    assert [m.content for m in (await loaded).messages][-3:] == ["late 0", "late 1", "late 2"]
+    assert not store.checkpointing and store._queued == 0
+
+    # the log started over: the writes after the restart reused its first frames
+    probe = sqlite3.connect(tmp_path / "store.db")
+    try:
+        _, frames, _ = probe.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+    finally:
+        probe.close()
+    assert 0 < frames * 4096 < log_before
+    # and jobs run inline on the loop again
+    await store.append_turn(KEY, TurnWrite(messages=[message("after")]))
+    assert store._queued == 0
+
+
+async def test_a_writer_that_never_yields_still_moves_checkpoints_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Appends run inline and do not yield to the loop: each write settles a finished
+    checkpoint step itself, so the log is still copied and restarted; and a log restarted
+    after it grew is cut back to ``JOURNAL_SIZE_LIMIT``."""
+    monkeypatch.setattr(storage.sqlite, "WAL_RESTART_FRAMES", 64)
+    monkeypatch.setattr(storage.sqlite, "JOURNAL_SIZE_LIMIT", 128 * 4096)
+    store = SqliteStore(f"sqlite:///{tmp_path}/busy.db")
+    await store.open()
+    wal = tmp_path / "busy.db-wal"
+    try:
+        restarts = 0
+        restart = store._restart_log
+
+        def counted_restart() -> None:
+            nonlocal restarts
+            restarts += 1
+            restart()
+
+        monkeypatch.setattr(store, "_restart_log", counted_restart)
+        monkeypatch.setattr(storage.sqlite, "CHECKPOINT_EVERY", 10**9)
+        for turn in range(300):  # no checkpoint: the log grows
+            await store.append_turn(KEY, TurnWrite(messages=[message(f"{turn} " + "x" * 2000)]))
+        grown = wal.stat().st_size
+        monkeypatch.setattr(storage.sqlite, "CHECKPOINT_EVERY", 8)
+        sizes = []
+        for turn in range(300, 900):
+            await store.append_turn(KEY, TurnWrite(messages=[message(f"{turn} " + "x" * 2000)]))
+            sizes.append(wal.stat().st_size)
+        assert restarts >= 3
+        assert grown > 2_000_000
+        # cut back at the first restart, and kept near the limit from there
+        assert sizes[-1] <= 128 * 4096 + 64 * 4096
+        assert max(sizes[len(sizes) // 2 :]) < grown / 2
+        snapshot = await store.load(KEY, LoadSpec(limit=1000))
+        assert len(snapshot.messages) == 900
+    finally:
+        await store.close()
 
 
 async def test_a_resent_history_is_matched_without_an_index_on_chains(tmp_path: Path) -> None:
