@@ -347,7 +347,9 @@ def render(r: dict[str, Any]) -> str:
 
     lines += ["## Workers on Redis", "",
               "`memory-proxy serve --workers N`, not pinned (the workers may use both cores; "
-              "wrk, the fake upstream and redis-server share CPU 0 with them).", ""]
+              "wrk, the fake upstream and redis-server share CPU 0 with them). Both servers run "
+              "side by side and are measured in alternation; medians of the rounds (proxy CPU: "
+              "summed over them).", ""]
     rows = []
     for count, by in r["workers"].items():
         for c, v in by.items():

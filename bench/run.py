@@ -12,6 +12,7 @@ import json
 import os
 import platform
 import shlex
+import statistics
 import subprocess
 import sys
 import time
@@ -54,12 +55,13 @@ class Plan:
     big_sessions: int  # the "10,000 sessions stored" memory check
     big_session_messages: int
     ready_repeats: int
+    workers_seconds: float  # each round of the workers phase
 
     @classmethod
     def make(cls, quick: bool) -> Plan:
         if quick:
-            return cls(True, 2, 1, 1, 40, 24, 2, 3, 600, 10000, 2, 1)
-        return cls(False, 5, 2, 4, 300, 150, 5, 8, 3000, 10000, 10, 3)
+            return cls(True, 2, 1, 1, 40, 24, 2, 3, 600, 10000, 2, 1, 1)
+        return cls(False, 5, 2, 4, 300, 150, 5, 8, 3000, 10000, 10, 3, 2)
 
 
 def cpu_layout() -> tuple[str | None, str | None]:
@@ -499,24 +501,40 @@ class Run:
         return out
 
     def workers(self, upstream: str, redis_url: str) -> dict:
-        out = {}
+        """One and two workers side by side: both servers up at once, measured in
+        alternation over ``plan.rounds`` rounds; medians of the rounds (CPU summed)."""
+        targets = {}
         for count in (1, 2):
             server = self.start(servers.memory_proxy(
                 f"workers-{count}", upstream, redis_url, self.agents, None, workers=count))
-            target = Target(f"C' x{count}", "", server.url, server,
-                            SessionPool(populate.DEFAULT_AGENT, f"workers{count}", 2000))
-            phases.wrk_run(target, 16, 2, self.env_cpus)  # every worker up and warm
-            out[count] = {}
+            targets[count] = Target(f"C' x{count}", "", server.url, server,
+                                    SessionPool(populate.DEFAULT_AGENT, f"workers{count}", 2000))
+            phases.wrk_run(targets[count], 16, 2, self.env_cpus)  # every worker up and warm
+        cells: dict[int, dict[int, list[dict]]] = {1: {32: [], 64: []}, 2: {32: [], 64: []}}
+        for _ in range(self.plan.rounds):
             for concurrency in (32, 64):
-                result, cpu, _ = phases.charged(
-                    target, lambda t=target, c=concurrency: phases.wrk_run(
-                        t, c, self.plan.throughput_seconds, self.env_cpus))
-                out[count][concurrency] = {"rps": result.rps, "p50": result.p50,
-                                           "p99": result.p99, "errors": result.errors,
-                                           "cpu_s": cpu}
-            self.stop(server)
-        return out
-
+                for count, target in targets.items():
+                    result, cpu, _ = phases.charged(
+                        target, lambda t=target, c=concurrency: phases.wrk_run(
+                            t, c, self.plan.workers_seconds, self.env_cpus))
+                    cells[count][concurrency].append(
+                        {"rps": result.rps, "p50": result.p50, "p99": result.p99,
+                         "errors": result.errors, "cpu_s": cpu})
+        for target in targets.values():
+            self.stop(target.server)
+        return {
+            count: {
+                concurrency: {
+                    **{key: statistics.median(run[key] for run in runs)
+                       for key in ("rps", "p50", "p99")},
+                    "errors": sum(run["errors"] for run in runs),
+                    "cpu_s": sum(run["cpu_s"] for run in runs),
+                    "rounds": len(runs),
+                }
+                for concurrency, runs in by.items()
+            }
+            for count, by in cells.items()
+        }
 
 if __name__ == "__main__":
     sys.exit(main())
