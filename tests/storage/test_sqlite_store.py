@@ -264,3 +264,90 @@ async def test_a_resent_history_is_matched_without_an_index_on_chains(tmp_path: 
         assert (unrelated.matched, unrelated.matched_seq) == (0, 0)
     finally:
         await store.close()
+
+
+async def test_sessions_are_listed_by_their_last_turn_and_only_a_new_minute_moves_the_index(
+    store: SqliteStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = [6_000.0]  # minute 100
+    monkeypatch.setattr(storage.sqlite.time, "time", lambda: clock[0])
+    monkeypatch.setattr(storage.sqlite, "CHECKPOINT_EVERY", 10**9)  # frames are counted
+
+    async def turn(session: str, at: float) -> None:
+        clock[0] = at
+        await store.append_turn(
+            SessionKey("ns", "agent", session), TurnWrite(messages=[message(f"{session}{at}")])
+        )
+
+    await turn("a", 6_000.0)
+    await turn("b", 6_010.0)
+    await turn("c", 6_070.0)  # minute 101
+    await turn("a", 6_075.0)  # a moves to minute 101
+    await turn("b", 6_019.5)  # b stays in minute 100, later than before
+    listed = await store.list_sessions("agent")
+    assert [(s.session, s.updated_at) for s in listed] == [
+        ("a", 6_075.0), ("c", 6_070.0), ("b", 6_019.5)
+    ]
+
+    def frames() -> int:
+        """Frames written since the last call (the log is emptied after counting)."""
+        probe = sqlite3.connect(tmp_path / "store.db")
+        try:
+            written = probe.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()[1]
+            assert probe.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0] == 0
+            return int(written)
+        finally:
+            probe.close()
+
+    sessions = [f"s{i}" for i in range(200)]
+    for i, session in enumerate(sessions):
+        await turn(session, 7_200.0 + i / 1000)  # minute 120
+    frames()
+    for i, session in enumerate(sessions):
+        await turn(session, 7_201.0 + i / 1000)  # the same minute: the index stays
+    same_minute = frames()
+    for i, session in enumerate(sessions):
+        await turn(session, 7_260.0 + i / 1000)  # minute 121: every entry moves
+    new_minute = frames()
+    # an index entry moved is a page or two more in the log, per append
+    assert new_minute - same_minute >= len(sessions)
+    listed = await store.list_sessions("agent", limit=3)
+    assert [s.session for s in listed] == ["s199", "s198", "s197"]
+
+
+async def test_a_database_from_before_the_activity_column_is_migrated(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path)
+    conn.executescript(
+        "CREATE TABLE sessions (namespace TEXT NOT NULL, agent TEXT NOT NULL,"
+        " session TEXT NOT NULL, meta TEXT NOT NULL, updated_at REAL NOT NULL,"
+        " message_count INTEGER NOT NULL, PRIMARY KEY (namespace, agent, session));"
+        "CREATE INDEX sessions_by_agent ON sessions (agent, updated_at);"
+    )
+    times = {"early": 6_000.25, "late": 6_059.999999, "later": 6_060.0, "latest": 9_000.5}
+    conn.executemany(
+        "INSERT INTO sessions VALUES ('ns', 'agent', ?, ?, ?, 1)",
+        [(name, f'{{"updated_at": {at}, "version": 5}}', at) for name, at in times.items()],
+    )
+    conn.commit()
+    conn.close()
+
+    store = SqliteStore(f"sqlite:///{path}")
+    await store.open()
+    try:
+        listed = await store.list_sessions("agent")
+        assert [s.session for s in listed] == ["latest", "later", "late", "early"]
+        check = sqlite3.connect(path)
+        rows = dict(check.execute("SELECT session, active_at FROM sessions"))
+        indexes = {row[0] for row in check.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'index'")}
+        check.close()
+        assert rows == {name: storage.sqlite.activity(at) for name, at in times.items()}
+        assert rows["late"] == 100 and rows["later"] == 101
+        assert "sessions_by_agent" not in indexes and "sessions_by_activity" in indexes
+        # an append to a migrated session keeps the order
+        await store.append_turn(SessionKey("ns", "agent", "early"), TurnWrite(
+            messages=[message("back")]))
+        assert (await store.list_sessions("agent", limit=1))[0].session == "early"
+    finally:
+        await store.close()
