@@ -267,11 +267,7 @@ class SqliteStore:
         await self._submit(update)
 
     async def list_agents(self) -> list[AgentInfo]:
-        rows = await self._execute(
-            "SELECT agent, COUNT(*), MAX(updated_at) FROM sessions"
-            " GROUP BY agent ORDER BY MAX(updated_at) DESC"
-        )
-        return [AgentInfo(*row) for row in rows]
+        return await self._submit(_list_agents)
 
     async def list_sessions(self, agent: str, *, limit: int = 200) -> list[SessionInfo]:
         rows = await self._execute(
@@ -484,6 +480,26 @@ class SqliteStore:
         except sqlite3.Error:
             pass  # another process held the database: the next checkpoint tries again
 
+
+
+def _list_agents(conn: sqlite3.Connection) -> list[AgentInfo]:
+    """Agents by their latest turn: sessions counted on the activity index alone, then the
+    exact time read from each agent's latest minute (a few rows) instead of every row."""
+    conn.execute("BEGIN")  # one snapshot for both reads
+    try:
+        counted = conn.execute(
+            "SELECT agent, COUNT(*), MAX(active_at) FROM sessions GROUP BY agent"
+        ).fetchall()
+        agents = [
+            AgentInfo(agent, count, conn.execute(
+                "SELECT MAX(updated_at) FROM sessions WHERE agent = ? AND active_at IS ?",
+                (agent, latest),
+            ).fetchone()[0])
+            for agent, count, latest in counted
+        ]  # fmt: skip
+    finally:
+        conn.execute("COMMIT")
+    return sorted(agents, key=lambda agent: agent.updated_at, reverse=True)
 
 
 def activity(when: float) -> int:

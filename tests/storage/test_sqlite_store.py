@@ -351,3 +351,25 @@ async def test_a_database_from_before_the_activity_column_is_migrated(tmp_path: 
         assert (await store.list_sessions("agent", limit=1))[0].session == "early"
     finally:
         await store.close()
+
+
+async def test_agents_are_listed_by_their_latest_turn_from_the_activity_index(
+    store: SqliteStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = [0.0]
+    monkeypatch.setattr(storage.sqlite.time, "time", lambda: clock[0])
+    for i in range(120):  # three agents, turns spread over several minutes, out of order
+        clock[0] = 6_000.0 + (i * 37) % 400 + i / 1000
+        await store.append_turn(
+            SessionKey("ns", f"agent{i % 3}", f"s{i % 50}"), TurnWrite(messages=[message(f"{i}")])
+        )
+    listed = [(a.agent, a.session_count, a.updated_at) for a in await store.list_agents()]
+    direct = sqlite3.connect(tmp_path / "store.db")
+    try:
+        expected = direct.execute(
+            "SELECT agent, COUNT(*), MAX(updated_at) FROM sessions"
+            " GROUP BY agent ORDER BY MAX(updated_at) DESC"
+        ).fetchall()
+    finally:
+        direct.close()
+    assert listed == expected and len(listed) == 3
