@@ -510,13 +510,16 @@ def activity(when: float) -> int:
 def _add_activity(conn: sqlite3.Connection) -> None:
     """A database from before ``active_at`` gets the column, filled from ``updated_at``
     by ``activity`` itself (SQLite's own arithmetic could round a minute differently)."""
-    columns = {row[1] for row in conn.execute("PRAGMA table_info(sessions)")}
-    if "active_at" in columns:
+    def added() -> bool:
+        return any(row[1] == "active_at" for row in conn.execute("PRAGMA table_info(sessions)"))
+
+    if added():
         return
     conn.create_function("activity", 1, activity, deterministic=True)
     with _Transaction(conn):
-        conn.execute("ALTER TABLE sessions ADD COLUMN active_at INTEGER")
-        conn.execute("UPDATE sessions SET active_at = activity(updated_at)")
+        if not added():  # another process opening the same file may have been first
+            conn.execute("ALTER TABLE sessions ADD COLUMN active_at INTEGER")
+            conn.execute("UPDATE sessions SET active_at = activity(updated_at)")
 
 
 def _open_connection(path: str, *, busy_timeout_ms: int, checkpoints: bool) -> sqlite3.Connection:

@@ -332,8 +332,9 @@ async def test_a_database_from_before_the_activity_column_is_migrated(tmp_path: 
     conn.commit()
     conn.close()
 
-    store = SqliteStore(f"sqlite:///{path}")
-    await store.open()
+    store, another = SqliteStore(f"sqlite:///{path}"), SqliteStore(f"sqlite:///{path}")
+    await asyncio.gather(store.open(), another.open())  # both migrate: one adds the column
+    await another.close()
     try:
         listed = await store.list_sessions("agent")
         assert [s.session for s in listed] == ["latest", "later", "late", "early"]
