@@ -481,7 +481,6 @@ class SqliteStore:
             pass  # another process held the database: the next checkpoint tries again
 
 
-
 def _list_agents(conn: sqlite3.Connection) -> list[AgentInfo]:
     """Agents by their latest turn: sessions counted on the activity index alone, then the
     exact time read from each agent's latest minute (a few rows) instead of every row."""
