@@ -43,6 +43,9 @@ from strategies.records import (
 )
 
 T = TypeVar("T")
+Ids = tuple[str, str, str]
+AppendJob = tuple[Ids, TurnWrite, float]  # the session, the write, its time
+WrittenPrompt = tuple[Ids, int, list[dict[str, Any]], int]  # SystemPrompts.committed's
 Row = tuple[Any, ...]
 # write transactions between two background checkpoints (a few pages each, ~1000 pages)
 CHECKPOINT_EVERY = 256
@@ -60,6 +63,10 @@ MAX_CATCH_UPS = 2
 RESTART_WAIT_MS = 100
 # a log restarted after it grew past this is cut back to it (it never shrinks otherwise)
 JOURNAL_SIZE_LIMIT = 2 * WAL_RESTART_FRAMES * 4096
+# an append this soon after the one before joins the appends of the loop's pass, to be
+# committed with them: turns that end together end in the same pass, microseconds apart,
+# while one client's turns come a whole request (a millisecond or more) apart
+GROUP_GAP_SECONDS = 0.0002
 # the store thread's connection waits this long for a lock held by another process
 THREAD_BUSY_TIMEOUT_MS = 5000
 
@@ -166,6 +173,9 @@ class SqliteStore:
         self._step: tuple[Future[Any], str] | None = None
         self._catch_ups = 0  # copies since the one that found the log long
         self._prompts = SystemPrompts()
+        # appends waiting for the end of the loop's pass, to be written in one transaction
+        self._appends: list[tuple[AppendJob, asyncio.Future[AppendResult]]] = []
+        self._last_append = -GROUP_GAP_SECONDS  # loop time
 
     async def open(self) -> None:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-store")
@@ -184,6 +194,7 @@ class SqliteStore:
     async def close(self) -> None:
         if self._executor is None:
             return
+        self._write_appends()
         conn, self._conn = self._conn, None
         if conn is not None and conn is not self._thread_conn:
             conn.close()
@@ -205,10 +216,28 @@ class SqliteStore:
         probe: Sequence[str] = (),
         known_version: int | None = None,
     ) -> SessionSnapshot:
-        return await self._submit(_load, _ids(key), spec, list(probe), known_version, self._prompts)
+        ids = _ids(key)
+        if any(job[0] == ids for job, _ in self._appends):
+            self._write_appends()  # a session's jobs keep their order
+        return await self._run(_load, ids, spec, list(probe), known_version, self._prompts)
 
     async def append_turn(self, key: SessionKey, write: TurnWrite) -> AppendResult:
-        return await self._submit(_append, _ids(key), write, time.time(), self._prompts)
+        """An append that comes soon after another (``GROUP_GAP_SECONDS``) waits for the
+        end of the event loop's pass and is written with the others made in it, in one
+        transaction (``_write_appends``): under concurrency turns end in bursts, and
+        share their commit. One that comes alone is written at once, without the wait."""
+        if self._conn is None:
+            raise StoreUnavailable(f"sqlite database {self.path} is not open")
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        alone, self._last_append = now - self._last_append >= GROUP_GAP_SECONDS, now
+        if not self._appends:
+            if alone:
+                return await self._run(_append, _ids(key), write, time.time(), self._prompts)
+            loop.call_soon(self._write_appends)
+        future: asyncio.Future[AppendResult] = loop.create_future()
+        self._appends.append(((_ids(key), write, time.time()), future))
+        return await future
 
     async def set_compressed(self, key: SessionKey, stubs: dict[int, str | None]) -> None:
         rows = [(stub or None, *_ids(key), seq) for seq, stub in stubs.items()]
@@ -362,7 +391,15 @@ class SqliteStore:
     async def _submit(self, job: Callable[..., T], *args: Any) -> T:
         """Run ``job(connection, *args)``: inline on the loop's connection, or on the
         store's thread when the database is locked by another process (or jobs sent there
-        before are not done yet: they keep their order)."""
+        before are not done yet: they keep their order). Appends still waiting to be
+        written together go first."""
+        if self._appends:
+            self._write_appends()
+        return await self._run(job, *args)
+
+    async def _run(self, job: Callable[..., T], *args: Any) -> T:
+        """``_submit`` for a job that leaves waiting appends alone (a load of another
+        session need not wait for them, nor break their group up)."""
         conn = self._conn
         if conn is None:
             raise StoreUnavailable(f"sqlite database {self.path} is not open")
@@ -379,6 +416,74 @@ class SqliteStore:
                 return result
         return await self._on_thread(lambda: job(self._thread_connection(), *args))
 
+    def _write_appends(self) -> None:
+        """The appends waiting, in one transaction: inline, or on the store's thread like
+        any job (``_submit``). Each append's caller gets its own result or error."""
+        pending, self._appends = self._appends, []
+        if not pending:
+            return
+        jobs = [job for job, _ in pending]
+        futures = [future for _, future in pending]
+        conn = self._conn
+        if conn is None:
+            self._not_open(futures)
+            return
+        if not self._queued:
+            try:
+                outcomes = _append_group(conn, jobs, self._prompts)
+            except sqlite3.OperationalError:
+                pass  # locked by another process: the store's thread waits for the lock
+            else:
+                self._wrote(sum(not isinstance(outcome, Exception) for outcome in outcomes))
+                locked = []  # met the lock after others in the group committed
+                for job, future, outcome in zip(jobs, futures, outcomes, strict=True):
+                    if isinstance(outcome, sqlite3.OperationalError) and _is_busy(outcome):
+                        locked.append((job, future))
+                    else:
+                        _deliver(future, self._store_error(outcome))
+                if not locked:
+                    return
+                jobs, futures = [job for job, _ in locked], [future for _, future in locked]
+        self._appends_on_thread(jobs, futures)
+
+    def _appends_on_thread(
+        self, jobs: list[AppendJob], futures: list[asyncio.Future[AppendResult]]
+    ) -> None:
+        if self._executor is None:
+            self._not_open(futures)
+            return
+        loop = asyncio.get_running_loop()
+        self._queued += 1  # jobs submitted after these follow them
+
+        def write() -> list[AppendResult | Exception]:
+            return _append_group(self._thread_connection(), jobs, self._prompts)
+
+        def done(result: Future[list[AppendResult | Exception]]) -> None:
+            self._queued -= 1
+            error = result.exception()
+            if error is not None:
+                for future in futures:
+                    _deliver(future, self._store_error(error))
+            else:
+                for future, outcome in zip(futures, result.result(), strict=True):
+                    _deliver(future, self._store_error(outcome))
+
+        def written(result: Future[list[AppendResult | Exception]]) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed without closing us
+                loop.call_soon_threadsafe(done, result)
+
+        self._executor.submit(write).add_done_callback(written)
+
+    def _not_open(self, futures: list[asyncio.Future[AppendResult]]) -> None:
+        for future in futures:
+            _deliver(future, StoreUnavailable(f"sqlite database {self.path} is not open"))
+
+    def _store_error(self, outcome: T) -> T | StoreUnavailable:
+        """sqlite3's operational errors (a lock, a full disk) as the store's own."""
+        if isinstance(outcome, sqlite3.OperationalError):
+            return StoreUnavailable(f"sqlite database {self.path}: {outcome}")
+        return outcome
+
     async def _on_thread(self, call: Callable[[], T]) -> T:
         """Run ``call`` on the store's thread; sqlite3 failures become ``StoreUnavailable``."""
         if self._executor is None:
@@ -391,12 +496,12 @@ class SqliteStore:
         finally:
             self._queued -= 1
 
-    def _wrote(self) -> None:
+    def _wrote(self, count: int = 1) -> None:
         """Count an inline write; every ``CHECKPOINT_EVERY`` start a checkpoint on the
         store's thread, so the syncing step never runs on the event loop. A finished step
         is settled here as well as by a callback on the loop, so a writer that does not
         yield still moves the checkpoints on."""
-        self._writes += 1
+        self._writes += count
         if self._step is not None and self._step[0].done():
             self._settle(self._step[0])
         if self._writes < CHECKPOINT_EVERY or self._step is not None or self._executor is None:
@@ -569,6 +674,17 @@ class _Transaction:
         self.conn.execute("COMMIT" if kind is None else "ROLLBACK")
 
 
+def _deliver(future: asyncio.Future[T], outcome: T | BaseException) -> None:
+    """A waiting append's outcome; one whose caller gave up (cancelled) is still written,
+    like any job already sent."""
+    if future.done():
+        return
+    if isinstance(outcome, BaseException):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)
+
+
 def _ids(key: SessionKey) -> tuple[str, str, str]:
     return key.namespace, key.agent, key.session
 
@@ -690,65 +806,120 @@ def _match_probe(
 
 def _append(
     conn: sqlite3.Connection,
-    ids: tuple[str, str, str],
+    ids: Ids,
     write: TurnWrite,
     now: float,
     prompts: SystemPrompts,
 ) -> AppendResult:
-    written = None
+    """One append in its own transaction."""
+    written: list[WrittenPrompt] = []
     with _Transaction(conn):
-        stored = _read_meta(conn, ids)
-        meta, revision = stored or (SessionMeta(created_at=now, version=first_version(now)), 0)
-        previous_activity = activity(meta.updated_at) if stored is not None else None
-        meta.version += 1
-        superseded = 0
-        if write.supersede_after is not None:
-            superseded = _supersede(conn, ids, meta, write.supersede_after, write.supersede_until)
-        rows = []
-        chain = meta.head_chain
-        for seq, message in enumerate(write.messages, start=meta.head_seq + 1):
-            chain = chain_hash(chain, message.fingerprint)
-            tool_call_id = message.tool_call_id if message.role == "tool" else None
-            if message.role == "user":
-                meta.last_user_seq = seq
-            rows.append(
-                (*ids, seq, message.role, chain, tool_call_id,
-                 message.compressed_content or None, _encode_message(message, now))
-            )  # fmt: skip
-        conn.executemany(INSERT_MESSAGE, rows)
-        if write.compressed:
-            conn.executemany(
-                f"UPDATE messages SET compressed = ? WHERE {KEY} AND seq = ?",
-                [(stub or None, *ids, seq) for seq, stub in write.compressed.items()],
-            )
-        first = meta.head_seq + 1
-        meta.head_seq += len(rows)
-        meta.active_count += len(rows)
-        meta.head_chain = chain
-        meta.updated_at = now
-        for name in ("system_tokens", "model", "calibration"):
-            value = getattr(write, name)
-            if value is not None:
-                setattr(meta, name, value)
-        # a new prompt (or one still inline in the meta) gets its own row; an unchanged one
-        # is neither written nor read
-        prompt = write.system_prompt if write.system_prompt is not None else meta.system_prompt
-        if prompt is not None and (write.system_prompt is not None or not revision):
-            revision = meta.version
-            written = prompt, prompts.write(conn, ids, revision, prompt)
-        encoded, active = _encode_meta(meta, revision), activity(now)
-        if stored is None:
-            conn.execute(INSERT_SESSION, (encoded, now, meta.active_count, active, *ids))
-        elif active == previous_activity:
-            conn.execute(UPDATE_SESSION, (encoded, now, meta.active_count, *ids))
+        result = _append_rows(conn, ids, write, now, prompts, written)
+    for prompt in written:
+        prompts.committed(*prompt)
+    return result
+
+
+def _append_group(
+    conn: sqlite3.Connection, jobs: list[AppendJob], prompts: SystemPrompts
+) -> list[AppendResult | Exception]:
+    """Appends that arrived together, in one transaction: one commit (and the pages
+    they share, the messages table's last leaf above all, written once) instead of one
+    per append. If the group fails, each append runs again in its own transaction, so one
+    failing append takes no other down with it. A database locked by another process
+    raises for the whole group (it goes to the store's thread); an append that meets the
+    lock after others committed has that error as its outcome, to be retried alone."""
+    if len(jobs) > 1:
+        written: list[WrittenPrompt] = []
+        try:
+            with _Transaction(conn):
+                results: list[AppendResult | Exception] = [
+                    _append_rows(conn, *job, prompts, written) for job in jobs
+                ]
+        except Exception as exc:
+            if isinstance(exc, sqlite3.OperationalError) and _is_busy(exc):
+                raise
+            # a prompt read back within the rolled back transaction may have been cached
+            prompts.forget({job[0] for job in jobs})
         else:
-            conn.execute(UPDATE_ACTIVE_SESSION, (encoded, now, meta.active_count, active, *ids))
-        if written is not None:
-            meta.system_prompt = written[0]
-        elif revision:
-            meta.system_prompt = prompts.read(conn, ids, revision)
-    if written is not None:
-        prompts.committed(ids, revision, *written)
+            for prompt in written:
+                prompts.committed(*prompt)
+            return results
+    outcomes: list[AppendResult | Exception] = []
+    for job in jobs:
+        try:
+            outcomes.append(_append(conn, *job, prompts))
+        except sqlite3.OperationalError as exc:
+            if _is_busy(exc) and not outcomes:
+                raise
+            outcomes.append(exc)
+        except Exception as exc:
+            outcomes.append(exc)
+    return outcomes
+
+
+def _append_rows(
+    conn: sqlite3.Connection,
+    ids: Ids,
+    write: TurnWrite,
+    now: float,
+    prompts: SystemPrompts,
+    written: list[WrittenPrompt],
+) -> AppendResult:
+    """An append within the caller's transaction; a prompt it wrote is added to
+    ``written``, to be cached once the transaction commits."""
+    stored = _read_meta(conn, ids)
+    meta, revision = stored or (SessionMeta(created_at=now, version=first_version(now)), 0)
+    previous_activity = activity(meta.updated_at) if stored is not None else None
+    meta.version += 1
+    superseded = 0
+    if write.supersede_after is not None:
+        superseded = _supersede(conn, ids, meta, write.supersede_after, write.supersede_until)
+    rows = []
+    chain = meta.head_chain
+    for seq, message in enumerate(write.messages, start=meta.head_seq + 1):
+        chain = chain_hash(chain, message.fingerprint)
+        tool_call_id = message.tool_call_id if message.role == "tool" else None
+        if message.role == "user":
+            meta.last_user_seq = seq
+        rows.append(
+            (*ids, seq, message.role, chain, tool_call_id,
+             message.compressed_content or None, _encode_message(message, now))
+        )  # fmt: skip
+    conn.executemany(INSERT_MESSAGE, rows)
+    if write.compressed:
+        conn.executemany(
+            f"UPDATE messages SET compressed = ? WHERE {KEY} AND seq = ?",
+            [(stub or None, *ids, seq) for seq, stub in write.compressed.items()],
+        )
+    first = meta.head_seq + 1
+    meta.head_seq += len(rows)
+    meta.active_count += len(rows)
+    meta.head_chain = chain
+    meta.updated_at = now
+    for name in ("system_tokens", "model", "calibration"):
+        value = getattr(write, name)
+        if value is not None:
+            setattr(meta, name, value)
+    # a new prompt (or one still inline in the meta) gets its own row; an unchanged one
+    # is neither written nor read
+    prompt = write.system_prompt if write.system_prompt is not None else meta.system_prompt
+    new_prompt = None
+    if prompt is not None and (write.system_prompt is not None or not revision):
+        revision = meta.version
+        new_prompt = prompt
+        written.append((ids, revision, prompt, prompts.write(conn, ids, revision, prompt)))
+    encoded, active = _encode_meta(meta, revision), activity(now)
+    if stored is None:
+        conn.execute(INSERT_SESSION, (encoded, now, meta.active_count, active, *ids))
+    elif active == previous_activity:
+        conn.execute(UPDATE_SESSION, (encoded, now, meta.active_count, *ids))
+    else:
+        conn.execute(UPDATE_ACTIVE_SESSION, (encoded, now, meta.active_count, active, *ids))
+    if new_prompt is not None:
+        meta.system_prompt = new_prompt
+    elif revision:
+        meta.system_prompt = prompts.read(conn, ids, revision)
     return AppendResult(
         seqs=list(range(first, first + len(rows))), superseded=superseded, meta=meta
     )

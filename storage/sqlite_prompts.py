@@ -77,6 +77,12 @@ class SystemPrompts:
     def committed(self, ids: Ids, revision: int, prompt: Prompt, size: int) -> None:
         self._remember(ids, revision, prompt, size)
 
+    def forget(self, sessions: set[Ids]) -> None:
+        """Drop these sessions' prompts: a rolled back transaction may have read back one
+        it wrote itself."""
+        for entry in [entry for entry in self._entries if entry[0] in sessions]:
+            self._size -= self._entries.pop(entry)[1]
+
     def _remember(self, ids: Ids, revision: int, prompt: Prompt, size: int) -> None:
         if size > self.max_bytes:
             return
