@@ -41,6 +41,9 @@ class Services:
     # sessions kept decoded between turns
     sessions: SessionCache = field(default_factory=lambda: SessionCache(0))
     started: bool = False
+    # chat requests being served: with others under way, a turn's append may share their
+    # commit (Store.append_turn's with_others)
+    chats_under_way: int = 0
 
     def remember_credentials(self, key: SessionKey, headers: dict[str, str]) -> None:
         self.credentials[key] = headers

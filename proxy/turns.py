@@ -427,7 +427,9 @@ async def persist_turn(
         compressed=stubs or None,
     )
     try:
-        result = await services.store.append_turn(turn.key, write)
+        result = await services.store.append_turn(
+            turn.key, write, with_others=services.chats_under_way > 1
+        )
     except StoreUnavailable as exc:
         raise StoreUnavailableError(f"memory store unavailable: {exc}") from exc
     for record, seq in zip(records, result.seqs, strict=False):

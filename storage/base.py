@@ -62,10 +62,16 @@ class Store(Protocol):
         summaries changes its version.
         """
 
-    async def append_turn(self, key: SessionKey, write: TurnWrite) -> AppendResult:
+    async def append_turn(
+        self, key: SessionKey, write: TurnWrite, *, with_others: bool = False
+    ) -> AppendResult:
         """Apply one turn atomically: supersede (if asked), append ``write.messages`` at
         the head assigning ``seq`` and ``chain``, update meta and the agent/session
-        indexes. Concurrent appends to one session never interleave their messages."""
+        indexes. Concurrent appends to one session never interleave their messages.
+
+        ``with_others``: other turns are under way in this process. The store may then
+        hold the write until the end of the event loop's pass, to commit it together with
+        the others that end in it (the embedded store does)."""
 
     async def set_compressed(self, key: SessionKey, stubs: dict[int, str | None]) -> None:
         """Set (or clear, with None) ``compressed_content`` of messages by seq. Lossless:

@@ -147,7 +147,9 @@ class RedisStore:
             unchanged=bool(unchanged),
         )
 
-    async def append_turn(self, key: SessionKey, write: TurnWrite) -> AppendResult:
+    async def append_turn(
+        self, key: SessionKey, write: TurnWrite, *, with_others: bool = False
+    ) -> AppendResult:
         now = time.time()
         stamp = repr(now).encode()  # sent three times: formatted once
         fields: list[Any] = []

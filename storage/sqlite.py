@@ -63,10 +63,6 @@ MAX_CATCH_UPS = 2
 RESTART_WAIT_MS = 100
 # a log restarted after it grew past this is cut back to it (it never shrinks otherwise)
 JOURNAL_SIZE_LIMIT = 2 * WAL_RESTART_FRAMES * 4096
-# an append this soon after the one before joins the appends of the loop's pass, to be
-# committed with them: turns that end together end in the same pass, microseconds apart,
-# while one client's turns come a whole request (a millisecond or more) apart
-GROUP_GAP_SECONDS = 0.0002
 # the store thread's connection waits this long for a lock held by another process
 THREAD_BUSY_TIMEOUT_MS = 5000
 
@@ -175,7 +171,6 @@ class SqliteStore:
         self._prompts = SystemPrompts()
         # appends waiting for the end of the loop's pass, to be written in one transaction
         self._appends: list[tuple[AppendJob, asyncio.Future[AppendResult]]] = []
-        self._last_append = -GROUP_GAP_SECONDS  # loop time
 
     async def open(self) -> None:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-store")
@@ -221,21 +216,22 @@ class SqliteStore:
             self._write_appends()  # a session's jobs keep their order
         return await self._run(_load, ids, spec, list(probe), known_version, self._prompts)
 
-    async def append_turn(self, key: SessionKey, write: TurnWrite) -> AppendResult:
-        """An append that comes soon after another (``GROUP_GAP_SECONDS``) waits for the
-        end of the event loop's pass and is written with the others made in it, in one
-        transaction (``_write_appends``): under concurrency turns end in bursts, and
-        share their commit. One that comes alone is written at once, without the wait."""
+    async def append_turn(
+        self, key: SessionKey, write: TurnWrite, *, with_others: bool = False
+    ) -> AppendResult:
+        """Group commit: an append made while other turns are under way (``with_others``)
+        waits for the end of the event loop's pass, and is written with the others made
+        in it, in one transaction (``_write_appends``). Turns that end together end in the
+        same pass; they share a commit, and the pages they all change (the messages
+        table's last leaf above all) are written once. An append made alone is written at
+        once: a pass's wait would only add to its latency."""
         if self._conn is None:
             raise StoreUnavailable(f"sqlite database {self.path} is not open")
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        alone, self._last_append = now - self._last_append >= GROUP_GAP_SECONDS, now
         if not self._appends:
-            if alone:
+            if not with_others:
                 return await self._run(_append, _ids(key), write, time.time(), self._prompts)
-            loop.call_soon(self._write_appends)
-        future: asyncio.Future[AppendResult] = loop.create_future()
+            asyncio.get_running_loop().call_soon(self._write_appends)
+        future: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
         self._appends.append(((_ids(key), write, time.time()), future))
         return await future
 

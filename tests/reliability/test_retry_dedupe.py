@@ -47,8 +47,8 @@ def lose_the_answer_once(proxy: RunningProxy, how: str) -> list[int]:
     real = store.append_turn
     calls: list[int] = []
 
-    async def append_turn(key: SessionKey, write: TurnWrite) -> Any:
-        result = await real(key, write)
+    async def append_turn(key: SessionKey, write: TurnWrite, **hints: Any) -> Any:
+        result = await real(key, write, **hints)
         calls.append(len(write.messages))
         if len(calls) == 1:
             if how == "error":

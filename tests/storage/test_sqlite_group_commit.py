@@ -1,5 +1,5 @@
-"""The embedded store's group commit: appends that come together share one transaction;
-one that comes alone is written at once."""
+"""The embedded store's group commit: appends made while other turns are under way share
+one transaction; one made alone is written at once."""
 
 from __future__ import annotations
 
@@ -26,13 +26,6 @@ def message(text: str) -> StoredMessage:
 
 def write(text: str, **fields: object) -> TurnWrite:
     return TurnWrite(messages=[message(text)], **fields)  # type: ignore[arg-type]
-
-
-@pytest.fixture(autouse=True)
-def slow_machine(monkeypatch: pytest.MonkeyPatch) -> None:
-    """However long a busy machine takes between two appends of one pass, they are close
-    enough to be grouped (the test that needs an append alone says so)."""
-    monkeypatch.setattr(storage.sqlite, "GROUP_GAP_SECONDS", 3600.0)
 
 
 @pytest.fixture
@@ -62,9 +55,11 @@ async def contents(store: SqliteStore, session: str) -> list[str]:
 async def test_appends_that_come_together_are_committed_in_one_transaction(
     store: SqliteStore, commits: list[str]
 ) -> None:
-    store._last_append = asyncio.get_running_loop().time()  # one came just before
     results = await asyncio.gather(
-        *(store.append_turn(key(f"s{i % 3}"), write(f"turn {i}")) for i in range(9))
+        *(
+            store.append_turn(key(f"s{i % 3}"), write(f"turn {i}"), with_others=True)
+            for i in range(9)
+        )
     )
     # they waited for the end of the loop's pass and were written together
     assert commits == ["COMMIT"]
@@ -74,10 +69,9 @@ async def test_appends_that_come_together_are_committed_in_one_transaction(
         assert await contents(store, f"s{session}") == [f"turn {i}" for i in range(session, 9, 3)]
 
 
-async def test_an_append_that_comes_alone_is_written_without_waiting_for_the_loop(
+async def test_an_append_made_alone_is_written_without_waiting_for_the_loop(
     store: SqliteStore, commits: list[str]
 ) -> None:
-    store._last_append = float("-inf")  # the last one long ago
     pending = store.append_turn(key("s"), write("alone"))
     with pytest.raises(StopIteration) as done:
         pending.send(None)  # it never suspends
@@ -98,15 +92,16 @@ async def test_one_failing_append_takes_no_other_in_its_group_down(
     monkeypatch.setattr(storage.sqlite, "_encode_message", fails_on_poison)
     await store.append_turn(key("a"), write("first"))
     commits.clear()
-    store._last_append = asyncio.get_running_loop().time()
     outcomes = await asyncio.gather(
-        store.append_turn(key("a"), write("second")),
-        store.append_turn(key("b"), write("poison")),
-        store.append_turn(key("c"), write("third")),
+        store.append_turn(key("a"), write("second"), with_others=True),
+        store.append_turn(key("b"), write("poison"), with_others=True),
+        store.append_turn(key("c"), write("third"), with_others=True),
         return_exceptions=True,
     )
     assert [o.seqs if not isinstance(o, Exception) else repr(o) for o in outcomes] == [
-        [2], "ValueError('cannot encode')", [1]
+        [2],
+        "ValueError('cannot encode')",
+        [1],
     ]
     # the group rolled back, then each append ran alone
     assert commits == ["ROLLBACK", "COMMIT", "ROLLBACK", "COMMIT"]
@@ -122,7 +117,8 @@ async def test_a_group_meeting_another_processs_lock_is_written_on_the_thread_in
     try:
         other.execute("BEGIN IMMEDIATE")
         tasks = [
-            asyncio.create_task(store.append_turn(key("s"), write(f"turn {i}"))) for i in range(4)
+            asyncio.create_task(store.append_turn(key("s"), write(f"turn {i}"), with_others=True))
+            for i in range(4)
         ]
         await asyncio.sleep(0.05)
         assert not any(task.done() for task in tasks)  # waiting on the thread, loop free
@@ -141,8 +137,7 @@ async def test_a_load_of_a_session_with_appends_waiting_sees_them(
     store: SqliteStore,
 ) -> None:
     await store.append_turn(key("s"), write("before"))
-    store._last_append = asyncio.get_running_loop().time()  # the next one joins a group
-    appended = asyncio.create_task(store.append_turn(key("s"), write("waiting")))
+    appended = asyncio.create_task(store.append_turn(key("s"), write("waiting"), with_others=True))
     await asyncio.sleep(0)  # the append now waits for the end of the pass
     assert store._appends and not appended.done()
     loaded = await store.load(key("s"), LoadSpec(limit=100))
@@ -151,8 +146,7 @@ async def test_a_load_of_a_session_with_appends_waiting_sees_them(
 
 
 async def test_an_append_whose_caller_gave_up_is_still_written(store: SqliteStore) -> None:
-    store._last_append = asyncio.get_running_loop().time()
-    appended = asyncio.create_task(store.append_turn(key("s"), write("kept")))
+    appended = asyncio.create_task(store.append_turn(key("s"), write("kept"), with_others=True))
     await asyncio.sleep(0)
     appended.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -164,8 +158,7 @@ async def test_an_append_whose_caller_gave_up_is_still_written(store: SqliteStor
 async def test_appends_waiting_at_close_are_written(tmp_path: Path) -> None:
     store = SqliteStore(f"sqlite:///{tmp_path}/store.db")
     await store.open()
-    store._last_append = asyncio.get_running_loop().time()
-    appended = asyncio.create_task(store.append_turn(key("s"), write("last")))
+    appended = asyncio.create_task(store.append_turn(key("s"), write("last"), with_others=True))
     await asyncio.sleep(0)
     await store.close()
     assert (await appended).seqs == [1]
@@ -199,11 +192,10 @@ async def test_a_prompt_read_back_in_a_rolled_back_group_is_not_kept(
     monkeypatch.setattr(storage.sqlite, "_encode_message", failing)
     first = await store.append_turn(key("s"), write("first"))
     revision = first.meta.version + 1  # the version the flaky append writes its prompt at
-    store._last_append = asyncio.get_running_loop().time()
     outcomes = await asyncio.gather(
-        store.append_turn(key("s"), write("flaky", system_prompt=prompt)),
-        store.append_turn(key("s"), write("after")),
-        store.append_turn(key("p"), write("poison")),
+        store.append_turn(key("s"), write("flaky", system_prompt=prompt), with_others=True),
+        store.append_turn(key("s"), write("after"), with_others=True),
+        store.append_turn(key("p"), write("poison"), with_others=True),
         return_exceptions=True,
     )
     assert [isinstance(o, ValueError) for o in outcomes] == [True, False, True]
@@ -249,18 +241,19 @@ async def test_an_append_meeting_a_lock_after_others_in_its_group_committed_is_r
 
     monkeypatch.setattr(storage.sqlite, "_encode_message", fails_on_poison)
     monkeypatch.setattr(storage.sqlite, "_append", append_then_lock)
-    store._last_append = asyncio.get_running_loop().time()
     try:
         outcomes = await asyncio.gather(
-            store.append_turn(key("a"), write("first")),
-            store.append_turn(key("b"), write("poison")),
-            store.append_turn(key("c"), write("third")),
+            store.append_turn(key("a"), write("first"), with_others=True),
+            store.append_turn(key("b"), write("poison"), with_others=True),
+            store.append_turn(key("c"), write("third"), with_others=True),
             return_exceptions=True,
         )
     finally:
         other.close()
     assert [o.seqs if not isinstance(o, Exception) else type(o) for o in outcomes] == [
-        [1], ValueError, [1]
+        [1],
+        ValueError,
+        [1],
     ]
     # "third" met the lock inline, then was written on the thread once it was released
     assert alone == ["first", "third"] and store._queued == 0
