@@ -26,6 +26,7 @@ import orjson
 from storage import sqlite_prompts
 from storage.base import StoreUnavailable
 from storage.codec import message_from_body
+from storage.sqlite_heads import Heads
 from storage.sqlite_prompts import SystemPrompts
 from strategies.records import (
     AgentInfo,
@@ -169,6 +170,7 @@ class SqliteStore:
         self._step: tuple[Future[Any], str] | None = None
         self._catch_ups = 0  # copies since the one that found the log long
         self._prompts = SystemPrompts()
+        self._heads = Heads(None)  # the loop connection's, once open
         # appends waiting for the end of the loop's pass, to be written in one transaction
         self._appends: list[tuple[AppendJob, asyncio.Future[AppendResult]]] = []
 
@@ -180,6 +182,7 @@ class SqliteStore:
                 self._conn = self._thread_conn
             else:
                 self._conn = _open_connection(self.path, busy_timeout_ms=0, checkpoints=False)
+                self._heads = Heads(self._conn)
         except BaseException:
             await self._on_thread(self._disconnect)
             self._executor.shutdown(wait=False)
@@ -214,7 +217,9 @@ class SqliteStore:
         ids = _ids(key)
         if any(job[0] == ids for job, _ in self._appends):
             self._write_appends()  # a session's jobs keep their order
-        return await self._run(_load, ids, spec, list(probe), known_version, self._prompts)
+        return await self._run(
+            _load, ids, spec, list(probe), known_version, self._prompts, self._heads
+        )
 
     async def append_turn(
         self, key: SessionKey, write: TurnWrite, *, with_others: bool = False
@@ -229,7 +234,9 @@ class SqliteStore:
             raise StoreUnavailable(f"sqlite database {self.path} is not open")
         if not self._appends:
             if not with_others:
-                return await self._run(_append, _ids(key), write, time.time(), self._prompts)
+                return await self._run(
+                    _append, _ids(key), write, time.time(), self._prompts, self._heads
+                )
             asyncio.get_running_loop().call_soon(self._write_appends)
         future: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
         self._appends.append(((_ids(key), write, time.time()), future))
@@ -426,7 +433,7 @@ class SqliteStore:
             return
         if not self._queued:
             try:
-                outcomes = _append_group(conn, jobs, self._prompts)
+                outcomes = _append_group(conn, jobs, self._prompts, self._heads)
             except sqlite3.OperationalError:
                 pass  # locked by another process: the store's thread waits for the lock
             else:
@@ -452,7 +459,7 @@ class SqliteStore:
         self._queued += 1  # jobs submitted after these follow them
 
         def write() -> list[AppendResult | Exception]:
-            return _append_group(self._thread_connection(), jobs, self._prompts)
+            return _append_group(self._thread_connection(), jobs, self._prompts, self._heads)
 
         def done(result: Future[list[AppendResult | Exception]]) -> None:
             self._queued -= 1
@@ -725,14 +732,26 @@ def _load(
     probe: list[str],
     known_version: int | None,
     prompts: SystemPrompts,
+    heads: Heads,
 ) -> SessionSnapshot:
     if known_version is not None and not probe:
-        # the common turn of a cached session: one statement is its own snapshot
-        config_json, meta_json = conn.execute(LOAD_HEAD, (ids[1], *ids)).fetchone()
-        if meta_json is None:
-            agent_config = orjson.loads(config_json) if config_json else None
-            return SessionSnapshot(SessionMeta(), [], [], agent_config=agent_config)
-        meta, revision = _decode_meta(meta_json)
+        # the common turn of a cached session: the heads, or one statement, are its
+        # snapshot
+        head = None
+        if heads.serves(conn):
+            heads.check(conn)
+            head = heads.head(ids)
+        if head is not None:
+            config_json, (meta, revision) = head
+        else:
+            config_json, meta_json = conn.execute(LOAD_HEAD, (ids[1], *ids)).fetchone()
+            decoded = _decode_meta(meta_json) if meta_json is not None else None
+            if heads.serves(conn):
+                heads.read(ids, config_json, decoded)
+            if decoded is None:
+                agent_config = orjson.loads(config_json) if config_json else None
+                return SessionSnapshot(SessionMeta(), [], [], agent_config=agent_config)
+            meta, revision = decoded
         # a prompt read by another statement could be newer than this meta: only a cached
         # one is taken here, else the snapshot below reads both
         prompt = prompts.cached(ids, revision) if revision else meta.system_prompt
@@ -744,9 +763,13 @@ def _load(
     try:
         config_json, meta_json = conn.execute(LOAD_HEAD, (ids[1], *ids)).fetchone()
         agent_config = orjson.loads(config_json) if config_json else None
-        if meta_json is None:
+        decoded = _decode_meta(meta_json) if meta_json is not None else None
+        if heads.serves(conn):
+            heads.check(conn)
+            heads.read(ids, config_json, decoded)
+        if decoded is None:
             return SessionSnapshot(SessionMeta(), [], [], agent_config=agent_config)
-        meta = _with_prompt(conn, ids, _decode_meta(meta_json), prompts)
+        meta = _with_prompt(conn, ids, decoded, prompts)
         if known_version is not None and meta.version == known_version:
             matched, matched_seq = _match_probe(conn, ids, probe)
             return SessionSnapshot(
@@ -806,18 +829,24 @@ def _append(
     write: TurnWrite,
     now: float,
     prompts: SystemPrompts,
+    heads: Heads,
 ) -> AppendResult:
     """One append in its own transaction."""
     written: list[WrittenPrompt] = []
-    with _Transaction(conn):
-        result = _append_rows(conn, ids, write, now, prompts, written)
+    try:
+        with _Transaction(conn):
+            result = _append_rows(conn, ids, write, now, prompts, written, _heads(conn, heads))
+    except BaseException:
+        if heads.serves(conn):
+            heads.forget({ids})
+        raise
     for prompt in written:
         prompts.committed(*prompt)
     return result
 
 
 def _append_group(
-    conn: sqlite3.Connection, jobs: list[AppendJob], prompts: SystemPrompts
+    conn: sqlite3.Connection, jobs: list[AppendJob], prompts: SystemPrompts, heads: Heads
 ) -> list[AppendResult | Exception]:
     """Appends that arrived together, in one transaction: one commit (and the pages
     they share, the messages table's last leaf above all, written once) instead of one
@@ -829,10 +858,13 @@ def _append_group(
         written: list[WrittenPrompt] = []
         try:
             with _Transaction(conn):
+                serving = _heads(conn, heads)
                 results: list[AppendResult | Exception] = [
-                    _append_rows(conn, *job, prompts, written) for job in jobs
+                    _append_rows(conn, *job, prompts, written, serving) for job in jobs
                 ]
         except Exception as exc:
+            if heads.serves(conn):
+                heads.forget({job[0] for job in jobs})
             if isinstance(exc, sqlite3.OperationalError) and _is_busy(exc):
                 raise
             # a prompt read back within the rolled back transaction may have been cached
@@ -844,7 +876,7 @@ def _append_group(
     outcomes: list[AppendResult | Exception] = []
     for job in jobs:
         try:
-            outcomes.append(_append(conn, *job, prompts))
+            outcomes.append(_append(conn, *job, prompts, heads))
         except sqlite3.OperationalError as exc:
             if _is_busy(exc) and not outcomes:
                 raise
@@ -854,6 +886,14 @@ def _append_group(
     return outcomes
 
 
+def _heads(conn: sqlite3.Connection, heads: Heads) -> Heads | None:
+    """The heads, checked within the write transaction just begun, if they serve ``conn``."""
+    if not heads.serves(conn):
+        return None
+    heads.check(conn)
+    return heads
+
+
 def _append_rows(
     conn: sqlite3.Connection,
     ids: Ids,
@@ -861,10 +901,14 @@ def _append_rows(
     now: float,
     prompts: SystemPrompts,
     written: list[WrittenPrompt],
+    heads: Heads | None,
 ) -> AppendResult:
     """An append within the caller's transaction; a prompt it wrote is added to
-    ``written``, to be cached once the transaction commits."""
-    stored = _read_meta(conn, ids)
+    ``written``, to be cached once the transaction commits. ``heads``, checked in this
+    transaction, answer for the meta when they know it, and learn the new one."""
+    stored = heads.meta(ids) if heads is not None else None
+    if stored is None:
+        stored = _read_meta(conn, ids)
     meta, revision = stored or (SessionMeta(created_at=now, version=first_version(now)), 0)
     previous_activity = activity(meta.updated_at) if stored is not None else None
     meta.version += 1
@@ -912,6 +956,8 @@ def _append_rows(
         conn.execute(UPDATE_SESSION, (encoded, now, meta.active_count, *ids))
     else:
         conn.execute(UPDATE_ACTIVE_SESSION, (encoded, now, meta.active_count, active, *ids))
+    if heads is not None:
+        heads.wrote(conn, ids, meta, revision)
     if new_prompt is not None:
         meta.system_prompt = new_prompt
     elif revision:

@@ -231,8 +231,8 @@ async def test_an_append_meeting_a_lock_after_others_in_its_group_committed_is_r
             raise ValueError("cannot encode")
         return encode(message, now)
 
-    def append_then_lock(conn: sqlite3.Connection, ids, write, now, prompts):  # type: ignore[no-untyped-def]
-        result = append(conn, ids, write, now, prompts)
+    def append_then_lock(conn: sqlite3.Connection, ids, write, *caches):  # type: ignore[no-untyped-def]
+        result = append(conn, ids, write, *caches)
         alone.append(write.messages[0].content)
         if len(alone) == 1:
             other.execute("BEGIN IMMEDIATE")
