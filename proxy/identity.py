@@ -6,6 +6,7 @@ of the agent, the system prompt and the first user message.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Mapping
@@ -47,6 +48,7 @@ def client_key(headers: Mapping[str, str]) -> str | None:
     )
 
 
+@functools.lru_cache(maxsize=1024)  # a client sends the same key with every turn
 def namespace_for(api_key: str | None) -> str:
     """A short, stable hash of the client's API key: the key itself is never stored."""
     if not api_key:
