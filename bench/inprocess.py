@@ -33,7 +33,8 @@ class TurnCost:
     store: str
     turns: int
     store_calls: dict[str, float] = field(default_factory=dict)
-    round_trips: float = 0.0  # Redis: packets of commands sent; SQLite: jobs (transactions)
+    # Redis: packets of commands sent; SQLite: jobs and groups of appends (transactions)
+    round_trips: float = 0.0
     redis_commands: dict[str, float] = field(default_factory=dict)
     tokenized_chars: float = 0.0
     tokenize_calls: float = 0.0
@@ -74,22 +75,29 @@ class CountingStore:
 
 @contextlib.contextmanager
 def patched(counting: Counting) -> Iterator[None]:
-    """Count Redis packets, SQLite thread jobs and tokenizer input while inside."""
+    """Count Redis packets, SQLite jobs (and groups of appends) and tokenizer input while
+    inside."""
     from redis.asyncio.connection import AbstractConnection
 
     from storage.sqlite import SqliteStore
 
-    saved = (AbstractConnection.send_packed_command, SqliteStore._submit,
+    saved = (AbstractConnection.send_packed_command, SqliteStore._run,
+             SqliteStore._write_appends,
              tiktoken.core.Encoding.encode_ordinary, tiktoken.core.Encoding.encode)
-    send, submit, encode_ordinary, encode = saved
+    send, run, write_appends, encode_ordinary, encode = saved
 
     async def send_packed_command(self: Any, command: Any, check_health: bool = True) -> None:
         counting.round_trips += 1
         await send(self, command, check_health)
 
-    async def counted_submit(self: Any, job: Callable[..., Any], *args: Any) -> Any:
-        counting.round_trips += 1
-        return await submit(self, job, *args)
+    async def counted_run(self: Any, job: Callable[..., Any], *args: Any) -> Any:
+        counting.round_trips += 1  # every job but a group of appends
+        return await run(self, job, *args)
+
+    def counted_write_appends(self: Any) -> None:
+        if self._appends:  # a group of appends: one transaction
+            counting.round_trips += 1
+        write_appends(self)
 
     def counted_encode_ordinary(self: Any, text: str) -> list[int]:
         counting.tokenize_calls += 1
@@ -102,13 +110,14 @@ def patched(counting: Counting) -> Iterator[None]:
         return encode(self, text, **kwargs)
 
     AbstractConnection.send_packed_command = send_packed_command  # type: ignore[method-assign]
-    SqliteStore._submit = counted_submit  # type: ignore[method-assign]
+    SqliteStore._run = counted_run  # type: ignore[method-assign]
+    SqliteStore._write_appends = counted_write_appends  # type: ignore[method-assign]
     tiktoken.core.Encoding.encode_ordinary = counted_encode_ordinary  # type: ignore[method-assign]
     tiktoken.core.Encoding.encode = counted_encode  # type: ignore[method-assign]
     try:
         yield
     finally:
-        (AbstractConnection.send_packed_command, SqliteStore._submit,
+        (AbstractConnection.send_packed_command, SqliteStore._run, SqliteStore._write_appends,
          tiktoken.core.Encoding.encode_ordinary, tiktoken.core.Encoding.encode) = saved
 
 

@@ -301,10 +301,11 @@ def render(r: dict[str, Any]) -> str:
     lines += ["## Store round trips and tokenizing per turn", "",
               "Counted in process (the app with its lifespan, requests through "
               "httpx.ASGITransport): Store method calls, round trips (Redis: command packets "
-              "sent, a pipeline is one; SQLite: store jobs, each one transaction, run inline "
-              "on the event loop), Redis commands from INFO commandstats, and the text handed "
-              "to tiktoken (roles and names are counted once per process). Averages over the "
-              "measured turns, background work included.", ""]
+              "sent, a pipeline is one; SQLite: store jobs and groups of appends, each one "
+              "transaction, run inline on the event loop), Redis commands from INFO "
+              "commandstats, and the text handed to tiktoken (roles and names are counted "
+              "once per process). Averages over the measured turns, background work "
+              "included.", ""]
     rows = []
     for c in r["inprocess"]:
         calls = ", ".join(f"{k} {v:g}" for k, v in c["store_calls"].items())
