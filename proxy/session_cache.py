@@ -32,8 +32,9 @@ from strategies.records import (
 
 __all__ = ["CachedSession", "SessionCache", "estimated_bytes"]
 
-# the record, its fingerprint and chain strings, its meta dict and the list slot
-MESSAGE_OVERHEAD = 400
+# the record, its fingerprint and chain strings, its meta dict, the list slot and the
+# rendering the mapper keeps on it (about 185 bytes)
+MESSAGE_OVERHEAD = 600
 BYTES_PER_TOKEN = 4
 
 

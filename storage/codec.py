@@ -24,7 +24,7 @@ def message_from_body(
     )  # fmt: skip
 
 
-if tuple(f.name for f in fields(StoredMessage)) != (
+if tuple(f.name for f in fields(StoredMessage) if f.init) != (
     "role", "content", "tokens", "fingerprint", "tool_calls", "tool_call_id", "name",
     "compressed_content", "meta", "seq", "chain", "created_at",
 ):  # fmt: skip

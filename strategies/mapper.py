@@ -69,8 +69,11 @@ class MessageToLlmMessageMapper:
         append = out.append
         for item in window.items:
             # inline ``map_item`` for the common case (text content, no media, no system
-            # role); anything else takes the general path
+            # role), rendered once per record; anything else takes the general path
             message = item.message
+            if item.text is None and message.rendered is not None:
+                append(message.rendered.copy())
+                continue
             content = item.text if item.text is not None else message.content
             role = message.role
             meta = message.meta
@@ -93,6 +96,8 @@ class MessageToLlmMessageMapper:
                 sent["tool_call_id"] = message.tool_call_id
             if message.name and role != "tool":
                 sent["name"] = message.name
+            if item.text is None:
+                message.rendered = sent.copy()  # the caller's is its own to change
             append(sent)
         return system + out
 

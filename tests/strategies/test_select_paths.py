@@ -12,6 +12,7 @@ with summaries placed both ways.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import unicodedata
 from typing import Any
@@ -352,6 +353,43 @@ def test_the_inline_mapper_matches_map_item_on_random_windows(messages):
     assert MessageToLlmMessageMapper().map(window, None, mapping) == _PerItem().map(
         window, None, mapping
     )
+
+
+def test_the_inline_mapper_renders_a_record_once_and_hands_out_copies():
+    """A record's rendering is kept between turns (records are shared by the session
+    cache); every turn still gets messages of its own, equal to a fresh rendering."""
+    window = Window(items=_mapped_items())
+    mapping = MappingContext(model="gpt-4o-mini", capabilities=frozenset({"image"}))
+    mapper = MessageToLlmMessageMapper()
+    first = mapper.map(window, None, mapping)
+    kept = [item.message.rendered is not None for item in window.items]
+    # plain messages only: not one shrunk by the strategy, a system note, parts, media
+    assert kept == [True] * 6 + [False] * 6 + [True, False]
+    for sent in first:
+        sent["content"] = "changed by the caller"
+        sent.pop("tool_calls", None)
+    again = mapper.map(window, None, mapping)
+    assert again == _PerItem().map(window, None, mapping)
+    assert all(a is not b for a, b in zip(again, mapper.map(window, None, mapping), strict=True))
+
+
+def test_a_record_made_from_another_is_rendered_anew():
+    mapper, mapping = MessageToLlmMessageMapper(), MappingContext()
+    record = user("before")
+    mapper.map(Window(items=[WindowItem(record, 1)]), None, mapping)
+    edited = dataclasses.replace(record, content="after")
+    assert edited.rendered is None and edited.content == "after"
+    assert mapper.map(Window(items=[WindowItem(edited, 1)]), None, mapping) == [
+        {"role": "user", "content": "after"}
+    ]
+    # shrunk by the strategy, the same record is rendered from the item's text
+    shrunk = WindowItem(record, 1, text="bef…", marker="truncated")
+    assert mapper.map(Window(items=[shrunk]), None, mapping) == [
+        {"role": "user", "content": "bef…"}
+    ]
+    # the rendering is nothing the record stores or compares
+    assert record.rendered is not None and "rendered" not in record.to_dict()
+    assert record == dataclasses.replace(record)  # its copy has none
 
 
 # --- sanitize_summary and make_valid ---------------------------------------------------------
