@@ -450,12 +450,14 @@ def _cpu_bound(r: dict[str, Any]) -> str:
 def _explain(name: str, r: dict[str, Any]) -> str:
     if "workers" in name:
         w = r["workers"]
+        one, two = w[1][32]["cpu_s"], w[2][32]["cpu_s"]
         return (
             "the CPU the workers can get. Two workers share the machine's two cores with wrk, "
             "the fake upstream, redis-server and the other processes running; the proxy got "
-            f"{w[1][32]['cpu_s']:.1f} s of CPU in the concurrency-32 cell with one worker and "
-            f"{w[2][32]['cpu_s']:.1f} s with two, so the second worker added no CPU to serve "
-            f"with. At concurrency 64: {w[1][64]['rps']:,.0f} -> {w[2][64]['rps']:,.0f} req/s. "
+            f"{one:.1f} s of CPU in the concurrency-32 cell with one worker and {two:.1f} s "
+            f"with two, so the second worker added {two / one - 1:.0%} more CPU to serve "
+            "with. At concurrency 64: "
+            f"{w[1][64]['rps']:,.0f} -> {w[2][64]['rps']:,.0f} req/s. "
             "Scaling needs cores the load generator and upstream do not use."
         )
     if "windowed" in name:
