@@ -23,11 +23,9 @@ def message(text: str) -> StoredMessage:
 
 
 @pytest.fixture
-async def store(tmp_path: Path) -> SqliteStore:
-    opened = SqliteStore(f"sqlite:///{tmp_path}/store.db")
-    await opened.open()
-    yield opened
-    await opened.close()
+def store(sqlite_store: SqliteStore) -> SqliteStore:
+    """The SQLite store alone (the suite's ``store`` runs every backend)."""
+    return sqlite_store
 
 
 @pytest.fixture
