@@ -116,13 +116,21 @@ async def test_the_loops_own_other_writes_are_seen(store: SqliteStore) -> None:
 
 
 async def test_writes_on_the_stores_thread_are_seen(store: SqliteStore, tmp_path: Path) -> None:
+    """The session's append goes straight to the thread (a job is queued there before it):
+    the loop's heads still hold the session, and only data_version tells them."""
     first = await turn_one(store)
     other = sqlite3.connect(tmp_path / "store.db", isolation_level=None)
     try:
         other.execute("BEGIN IMMEDIATE")
+        ahead = asyncio.create_task(
+            store.append_turn(SessionKey("ns", "agent", "ahead"), write("first in line"))
+        )
+        await asyncio.sleep(0.05)  # met the lock inline, now waiting on the thread
+        assert store._queued == 1
         waiting = asyncio.create_task(store.append_turn(KEY, write("locked")))
         await asyncio.sleep(0.05)
         other.execute("COMMIT")
+        await ahead
         on_thread = await waiting  # written by the thread's connection
     finally:
         other.close()
