@@ -1,12 +1,14 @@
 """The embedded SQLite store: the default, one proxy process, one database file.
 
-Every public method is one job and one transaction. Jobs run inline on the event loop's
-own connection: a turn's load or append is a few hundred microseconds of page-cache I/O
-(WAL, ``synchronous = NORMAL``: a commit never waits for the disk), far less than the hop
-to a thread and back, and one loop thread serializes concurrent turns without locks.
-Whatever may wait goes to the store's thread and its second connection instead: a job
-that finds the database locked by another process (the thread waits ``busy_timeout``, the
-loop never does) and the WAL checkpoints, the only step that syncs to disk.
+Every public method is one job and one transaction, except appends made while other
+turns are under way: those made in one pass of the event loop share a transaction (group
+commit, ``append_turn``). Jobs run inline on the event loop's own connection: a turn's
+load or append is a few hundred microseconds of page-cache I/O (WAL, ``synchronous =
+NORMAL``: a commit never waits for the disk), far less than the hop to a thread and back,
+and one loop thread serializes concurrent turns without locks. Whatever may wait goes to
+the store's thread and its second connection instead: a job that finds the database
+locked by another process (the thread waits ``busy_timeout``, the loop never does) and
+the WAL checkpoints, the only step that syncs to disk.
 """
 
 from __future__ import annotations
