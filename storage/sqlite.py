@@ -29,7 +29,7 @@ from storage import sqlite_prompts
 from storage.base import StoreUnavailable
 from storage.codec import message_from_body
 from storage.sqlite_heads import Heads
-from storage.sqlite_prompts import SystemPrompts
+from storage.sqlite_prompts import Ids, SystemPrompts
 from strategies.records import (
     AgentInfo,
     AppendResult,
@@ -46,7 +46,6 @@ from strategies.records import (
 )
 
 T = TypeVar("T")
-Ids = tuple[str, str, str]
 AppendJob = tuple[Ids, TurnWrite, float]  # the session, the write, its time
 WrittenPrompt = tuple[Ids, int, list[dict[str, Any]], int]  # SystemPrompts.committed's
 Row = tuple[Any, ...]
@@ -690,12 +689,12 @@ def _deliver(future: asyncio.Future[T], outcome: T | BaseException) -> None:
         future.set_result(outcome)
 
 
-def _ids(key: SessionKey) -> tuple[str, str, str]:
+def _ids(key: SessionKey) -> Ids:
     return key.namespace, key.agent, key.session
 
 
 def _read_meta(
-    conn: sqlite3.Connection, ids: tuple[str, str, str]
+    conn: sqlite3.Connection, ids: Ids
 ) -> tuple[SessionMeta, int] | None:
     """The session's meta (its system prompt not read, see ``_with_prompt``) and the
     prompt's revision."""
@@ -717,7 +716,7 @@ def _decode_meta(text: str) -> tuple[SessionMeta, int]:
 
 def _with_prompt(
     conn: sqlite3.Connection,
-    ids: tuple[str, str, str],
+    ids: Ids,
     decoded: tuple[SessionMeta, int],
     prompts: SystemPrompts,
 ) -> SessionMeta:
@@ -729,7 +728,7 @@ def _with_prompt(
 
 def _load(
     conn: sqlite3.Connection,
-    ids: tuple[str, str, str],
+    ids: Ids,
     spec: LoadSpec,
     probe: list[str],
     known_version: int | None,
@@ -801,7 +800,7 @@ def _load(
 
 
 def _match_probe(
-    conn: sqlite3.Connection, ids: tuple[str, str, str], probe: list[str]
+    conn: sqlite3.Connection, ids: Ids, probe: list[str]
 ) -> tuple[int, int]:
     """Length of the longest probe prefix ending at an active chain, and that chain's seq.
 
@@ -971,7 +970,7 @@ def _append_rows(
 
 def _supersede(
     conn: sqlite3.Connection,
-    ids: tuple[str, str, str],
+    ids: Ids,
     meta: SessionMeta,
     after: int,
     until: int | None,
@@ -1000,7 +999,7 @@ def _supersede(
 
 def _add_summary(
     conn: sqlite3.Connection,
-    ids: tuple[str, str, str],
+    ids: Ids,
     summary: SummaryRecord,
     expect_boundary: int | None,
 ) -> SummaryRecord | None:
@@ -1027,7 +1026,7 @@ def _add_summary(
 
 
 def _acquire_lock(
-    conn: sqlite3.Connection, ids: tuple[str, str, str], name: str, ttl: float
+    conn: sqlite3.Connection, ids: Ids, name: str, ttl: float
 ) -> str | None:
     now = time.time()
     with _Transaction(conn):
@@ -1045,7 +1044,7 @@ def _acquire_lock(
     return token
 
 
-def _bump_version(conn: sqlite3.Connection, ids: tuple[str, str, str]) -> None:
+def _bump_version(conn: sqlite3.Connection, ids: Ids) -> None:
     stored = _read_meta(conn, ids)
     if stored is not None:
         meta, revision = stored
@@ -1054,7 +1053,7 @@ def _bump_version(conn: sqlite3.Connection, ids: tuple[str, str, str]) -> None:
 
 
 def _write_meta(
-    conn: sqlite3.Connection, ids: tuple[str, str, str], meta: SessionMeta, revision: int
+    conn: sqlite3.Connection, ids: Ids, meta: SessionMeta, revision: int
 ) -> None:
     conn.execute(f"UPDATE sessions SET meta = ? WHERE {KEY}", (_encode_meta(meta, revision), *ids))
 

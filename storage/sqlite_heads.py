@@ -22,9 +22,9 @@ from dataclasses import fields
 from operator import attrgetter
 from typing import Any
 
+from storage.sqlite_prompts import Ids
 from strategies.records import SessionMeta
 
-Ids = tuple[str, str, str]
 Decoded = tuple[SessionMeta, int]  # a meta as stored (prompt not read) and its prompt's revision
 MAX_SESSIONS = 4096
 _NAMES = [field.name for field in fields(SessionMeta)]

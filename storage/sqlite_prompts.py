@@ -33,7 +33,7 @@ WRITE = (
 )
 DELETE = f"DELETE FROM system_prompts WHERE {KEY}"
 
-Ids = tuple[str, str, str]
+Ids = tuple[str, str, str]  # a session: namespace, agent, session
 Prompt = list[dict[str, Any]]
 
 
