@@ -45,6 +45,9 @@ def render_session_cache(sessions: SessionCache) -> str:
             ("memory_proxy_session_cache_hits_total", "counter",
              "Turns whose session was unchanged since this process last held it.",
              sessions.hits),
+            ("memory_proxy_session_cache_catch_ups_total", "counter",
+             "Turns that read only the messages appended since this process last held the"
+             " session (turns another worker or replica served).", sessions.catch_ups),
             ("memory_proxy_session_cache_misses_total", "counter",
              "Turns that read their session from the store.", sessions.misses),
             ("memory_proxy_session_cache_sessions", "gauge",

@@ -4,9 +4,11 @@ A turn's load passes the cached version (``Store.load(known_version=...)``); whi
 else wrote to the session the store answers with the head only and the turn reuses the
 messages it holds, so a turn costs the same whatever the stored history. The proxy's own
 turn writes are applied to the cached copy when the store reports that no other write came
-in between (the version moved by exactly one); anything else (another replica, a rewind,
-a background summary or compaction, an admin edit) moves the version further, and the next
-load reads the session again. Cached messages are shared between turns and never mutated:
+in between (the version moved by exactly one). When other writes only appended (turns
+another worker or replica served), the load passes the cached head too and reads only the
+messages after it (``known_head``): the cached copy catches up. Anything else (a rewind,
+compression stubs, a summary or compaction, an admin edit) and the next load reads the
+session again. Cached messages are shared between turns and never mutated:
 a change is a new record (``dataclasses.replace``).
 
 Bounded by an estimate of the memory it holds (``MEMORY_PROXY_SESSION_CACHE_MB``; a
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from strategies.records import (
     LoadSpec,
     SessionKey,
+    SessionMeta,
     SessionSnapshot,
     StoredMessage,
     SummaryRecord,
@@ -52,9 +55,11 @@ def _slot(key: SessionKey, spec: LoadSpec) -> Slot:
 
 @dataclass(frozen=True, slots=True)
 class CachedSession:
-    """What ``Store.load(key, spec)`` returned at ``version``."""
+    """What ``Store.load(key, spec)`` returned at ``version``, when the session's head was
+    ``head_seq``."""
 
     version: int
+    head_seq: int
     messages: tuple[StoredMessage, ...]
     summaries: tuple[SummaryRecord, ...]
     size: int  # estimated bytes
@@ -66,6 +71,7 @@ class SessionCache:
         self._entries: OrderedDict[Slot, CachedSession] = OrderedDict()
         self._size = 0
         self.hits = 0
+        self.catch_ups = 0
         self.misses = 0
 
     def __len__(self) -> int:
@@ -76,9 +82,10 @@ class SessionCache:
         """Estimated bytes held across every cached session."""
         return self._size
 
-    def known_version(self, key: SessionKey, spec: LoadSpec) -> int | None:
-        entry = self._entries.get(_slot(key, spec))
-        return entry.version if entry is not None else None
+    def known(self, key: SessionKey, spec: LoadSpec) -> CachedSession | None:
+        """What is held for the session: its version and head are a load's ``known_version``
+        and ``known_head``."""
+        return self._entries.get(_slot(key, spec))
 
     def holds_all(self, key: SessionKey, spec: LoadSpec) -> bool:
         """The cached page held every active message when it was cached: it reads from the
@@ -86,11 +93,20 @@ class SessionCache:
         entry = self._entries.get(_slot(key, spec))
         return entry is not None and spec.since == "all" and len(entry.messages) < spec.limit
 
-    def fill(self, key: SessionKey, spec: LoadSpec, snapshot: SessionSnapshot) -> bool:
-        """After a load: complete an unchanged snapshot from the cache, or cache a full one.
-        False when an unchanged snapshot's entry left the cache during the load: the
-        caller loads again without a known version."""
+    def fill(
+        self,
+        key: SessionKey,
+        spec: LoadSpec,
+        snapshot: SessionSnapshot,
+        known: CachedSession | None = None,
+    ) -> bool:
+        """After a load: complete an unchanged or grown snapshot from the cache, or cache a
+        full one. ``known``: the entry the load passed. False when an unchanged or grown
+        snapshot's entry changed or left the cache during the load, or the messages read do
+        not continue it: the caller loads again without a known version."""
         slot = _slot(key, spec)
+        if snapshot.grown:
+            return self._catch_up(slot, spec, snapshot, known)
         if snapshot.unchanged:
             entry = self._entries.get(slot)
             if entry is None or entry.version != snapshot.meta.version:
@@ -104,10 +120,37 @@ class SessionCache:
         self.misses += 1
         if snapshot.exists:
             messages = tuple(snapshot.messages)
-            self._put(slot, snapshot.meta.version, messages, tuple(snapshot.summaries),
+            self._put(slot, snapshot.meta, messages, tuple(snapshot.summaries),
                       estimated_bytes(messages))  # fmt: skip
         else:
             self._drop(slot)
+        return True
+
+    def _catch_up(
+        self, slot: Slot, spec: LoadSpec, snapshot: SessionSnapshot, known: CachedSession | None
+    ) -> bool:
+        """A grown snapshot: the messages appended since ``known``, which must still be the
+        entry held, and must continue its chain."""
+        entry = self._entries.get(slot)
+        if entry is None or entry is not known:
+            return False
+        new = snapshot.messages
+        if new and entry.messages and new[0].chain != chain_hash(
+            entry.messages[-1].chain, new[0].fingerprint
+        ):
+            self._drop(slot)
+            return False
+        messages = (*entry.messages, *new)
+        size = entry.size + estimated_bytes(new)
+        if len(messages) > spec.limit:
+            cut = len(messages) - spec.limit if spec.limit > 0 else len(messages)
+            size -= estimated_bytes(messages[:cut])
+            messages = messages[cut:]
+        self.catch_ups += 1
+        snapshot.messages = list(messages)
+        snapshot.summaries = list(entry.summaries)
+        snapshot.grown = False
+        self._put(slot, snapshot.meta, messages, entry.summaries, size)
         return True
 
     def after_append(
@@ -123,12 +166,13 @@ class SessionCache:
         """Apply the proxy's own turn write to the session as ``loaded`` (before the write):
         ``appended`` with their assigned seqs, ``stubs`` set on older messages. Kept only
         when the write was the only one since the load (``version`` is one past
-        ``loaded``'s) and the chain the store computed is the one computed here."""
+        ``loaded``'s) and the chain the store computed is the one computed here. A session
+        the write created is kept when the chain shows it holds only this turn."""
         slot = _slot(key, spec)
         if spec.since == "turn":
             return  # its start moves with every user message: not worth following
-        if not loaded.exists or version != loaded.meta.version + 1:
-            return
+        if loaded.exists and version != loaded.meta.version + 1:
+            return  # another write came in between
         chain, chains = loaded.meta.head_chain, []
         for record in appended:
             chain = chain_hash(chain, record.fingerprint)
@@ -154,7 +198,8 @@ class SessionCache:
             messages = messages[cut:]
         if current is not None and current.version > version:
             return  # a later turn of this session already cached a newer state
-        self._put(slot, version, messages, tuple(loaded.summaries), size)
+        head = appended[-1].seq if appended else loaded.meta.head_seq
+        self._put_entry(slot, CachedSession(version, head, messages, tuple(loaded.summaries), size))
 
     def drop_session(self, key: SessionKey) -> None:
         session = (key.namespace, key.agent, key.session)
@@ -164,15 +209,19 @@ class SessionCache:
     def _put(
         self,
         slot: Slot,
-        version: int,
+        meta: SessionMeta,
         messages: tuple[StoredMessage, ...],
         summaries: tuple[SummaryRecord, ...],
         size: int,
     ) -> None:
+        self._put_entry(slot, CachedSession(meta.version, meta.head_seq, messages, summaries, size))
+
+    def _put_entry(self, slot: Slot, entry: CachedSession) -> None:
         self._drop(slot)
-        if slot[4] == "turn" or size > self.max_bytes:
+        if slot[4] == "turn" or entry.size > self.max_bytes:
             return
-        self._entries[slot] = CachedSession(version, messages, summaries, size)
+        self._entries[slot] = entry
+        size = entry.size
         self._size += size
         while self._size > self.max_bytes:
             _, oldest = self._entries.popitem(last=False)

@@ -137,18 +137,22 @@ async def load_session(
     services: Services, key: SessionKey, spec: LoadSpec, resent: history_sync.Fingerprints | None
 ) -> SessionSnapshot:
     """``Store.load`` through the process's session cache: when the session is unchanged
-    since this process last held it, only its head is read.
+    since this process last held it, only its head is read; when it only grew (turns
+    served by another worker or replica), only the messages appended since.
 
     A resent history (a full-history client's, ``resent``) is matched against the stored
     log: by the store, with the chains of every message (``probe``), or here, against a
     cached page that holds every active message, mostly without fingerprinting what the
     client resends unchanged."""
     cache = services.sessions
+    store = services.store
     try:
-        known = cache.known_version(key, spec)
+        known = cache.known(key, spec)
         if resent is not None and known is not None and cache.holds_all(key, spec):
-            snapshot = await services.store.load(key, spec, known_version=known)
-            if cache.fill(key, spec, snapshot) and (
+            snapshot = await store.load(
+                key, spec, known_version=known.version, known_head=known.head_seq
+            )
+            if cache.fill(key, spec, snapshot, known) and (
                 len(snapshot.messages) == snapshot.meta.active_count
             ):
                 snapshot.matched, snapshot.matched_seq = history_sync.match_page(
@@ -157,9 +161,14 @@ async def load_session(
                 return snapshot
             known = None  # grown past the page meanwhile (rare): the store matches
         probe = resent.probe() if resent is not None else []
-        snapshot = await services.store.load(key, spec, probe=probe, known_version=known)
-        if not cache.fill(key, spec, snapshot):
-            snapshot = await services.store.load(key, spec, probe=probe)
+        if known is None:
+            snapshot = await store.load(key, spec, probe=probe)
+        else:
+            snapshot = await store.load(
+                key, spec, probe=probe, known_version=known.version, known_head=known.head_seq
+            )
+        if not cache.fill(key, spec, snapshot, known):
+            snapshot = await store.load(key, spec, probe=probe)
             cache.fill(key, spec, snapshot)
     except StoreUnavailable as exc:
         raise StoreUnavailableError(f"memory store unavailable: {exc}") from exc

@@ -46,6 +46,7 @@ class Store(Protocol):
         *,
         probe: Sequence[str] = (),
         known_version: int | None = None,
+        known_head: int | None = None,
     ) -> SessionSnapshot:
         """Read one turn's worth of a session in one round trip.
 
@@ -60,6 +61,13 @@ class Store(Protocol):
         summaries are not read: the snapshot has ``unchanged=True`` and empty lists (meta,
         config and probe are read as always). Every write to a session's messages or
         summaries changes its version.
+
+        ``known_head`` is the caller's ``meta.head_seq`` at ``known_version``. When every
+        write since then only appended (``meta.only_grew_since(known_version)``: another
+        worker or replica served the turns between), only the active messages after it are
+        read, up to ``spec.limit`` (the newest), and summaries are not: the snapshot has
+        ``grown=True``. The caller appends them to the page it holds. Not for
+        ``since="turn"``, whose page starts anew with every user message.
         """
 
     async def append_turn(

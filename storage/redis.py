@@ -124,18 +124,20 @@ class RedisStore:
         *,
         probe: Sequence[str] = (),
         known_version: int | None = None,
+        known_head: int | None = None,
     ) -> SessionSnapshot:
         known = "" if known_version is None else known_version
+        head = "" if known_version is None or known_head is None else known_head
         found, config = await self._run(
             LOAD,
             _keys(key, "meta", "msgs", "active", "stubs", "summaries"),
-            [spec.limit, spec.since, known, *probe],
+            [spec.limit, spec.since, known, head, *probe],
             ((b"GET", _agent_config_key(key.agent)),),
         )
         agent_config = orjson.loads(config) if config else None
         if len(found) == 1:
             return SessionSnapshot(SessionMeta(), [], [], agent_config=agent_config)
-        meta, messages, stubs, summaries, matched, matched_seq, unchanged = found
+        meta, messages, stubs, summaries, matched, matched_seq, unchanged, grown = found
         return SessionSnapshot(
             meta=_decode_meta(meta),
             messages=_decode_array(messages, stubs),
@@ -145,6 +147,7 @@ class RedisStore:
             agent_config=agent_config,
             exists=True,
             unchanged=bool(unchanged),
+            grown=bool(grown),
         )
 
     async def append_turn(
@@ -486,12 +489,12 @@ def _decode_meta(values: Sequence[bytes | None]) -> SessionMeta:
     """The meta from the scripts' ``HMGET meta unpack(META)``: values in field order,
     None for a field never written."""
     head, active, chain, user, boundary, prompt, system_tokens, calibration, model, created, \
-        updated, version = values  # fmt: skip
+        updated, version, rewrite_version = values  # fmt: skip
     return SessionMeta(
         int(head or 0), int(active or 0), chain.decode() if chain else "", int(user or 0),
         int(boundary or 0), orjson.loads(prompt) if prompt else None, int(system_tokens or 0),
         float(calibration or 1.0), model.decode() if model else "", float(created or 0.0),
-        float(updated or 0.0), int(version or 0),
+        float(updated or 0.0), int(version or 0), int(rewrite_version or 0),
     )  # fmt: skip
 
 
@@ -499,6 +502,7 @@ def _decode_meta(values: Sequence[bytes | None]) -> SessionMeta:
 if tuple(f.name for f in fields(SessionMeta)) != (
     "head_seq", "active_count", "head_chain", "last_user_seq", "boundary_seq", "system_prompt",
     "system_tokens", "calibration", "model", "created_at", "updated_at", "version",
+    "rewrite_version",
 ):  # fmt: skip
     raise ImportError(
         "SessionMeta fields changed: update META in storage/lua/prelude.lua and "

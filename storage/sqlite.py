@@ -214,13 +214,13 @@ class SqliteStore:
         *,
         probe: Sequence[str] = (),
         known_version: int | None = None,
+        known_head: int | None = None,
     ) -> SessionSnapshot:
         ids = _ids(key)
         if any(job[0] == ids for job, _ in self._appends):
             self._write_appends()  # a session's jobs keep their order
-        return await self._run(
-            _load, ids, spec, list(probe), known_version, self._prompts, self._heads
-        )
+        known = None if known_version is None else (known_version, known_head)
+        return await self._run(_load, ids, spec, list(probe), known, self._prompts, self._heads)
 
     async def append_turn(
         self, key: SessionKey, write: TurnWrite, *, with_others: bool = False
@@ -731,10 +731,12 @@ def _load(
     ids: Ids,
     spec: LoadSpec,
     probe: list[str],
-    known_version: int | None,
+    known: tuple[int, int | None] | None,
     prompts: SystemPrompts,
     heads: Heads,
 ) -> SessionSnapshot:
+    """``known``: the caller's ``known_version`` and ``known_head`` (see ``Store.load``)."""
+    known_version, known_head = known or (None, None)
     if known_version is not None and not probe:
         # the common turn of a cached session: the heads, or one statement, are its
         # snapshot
@@ -777,12 +779,22 @@ def _load(
                 meta, [], [], matched, matched_seq, agent_config, exists=True, unchanged=True
             )
         low = {"all": 0, "boundary": meta.boundary_seq + 1, "turn": meta.last_user_seq}
+        start = low[spec.since]
+        grown = (
+            known_version is not None
+            and known_head is not None
+            and spec.since != "turn"
+            and meta.only_grew_since(known_version)
+            and known_head <= meta.head_seq
+        )
+        if grown:
+            start = max(start, known_head + 1)  # type: ignore[operator]
         rows = conn.execute(
             f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE {KEY} AND superseded = 0"
             " AND seq >= ? ORDER BY seq DESC LIMIT ?",
-            (*ids, low[spec.since], max(spec.limit, 0)),
+            (*ids, start, max(spec.limit, 0)),
         ).fetchall()
-        summaries = conn.execute(
+        summaries = [] if grown else conn.execute(
             f"SELECT data FROM summaries WHERE {KEY} ORDER BY id", ids
         ).fetchall()
         matched, matched_seq = _match_probe(conn, ids, probe)
@@ -796,6 +808,7 @@ def _load(
         matched_seq=matched_seq,
         agent_config=agent_config,
         exists=True,
+        grown=grown,
     )
 
 
@@ -912,10 +925,16 @@ def _append_rows(
         stored = _read_meta(conn, ids)
     meta, revision = stored or (SessionMeta(created_at=now, version=first_version(now)), 0)
     previous_activity = activity(meta.updated_at) if stored is not None else None
+    if not meta.rewrite_version:
+        # created here, or stored before rewrites were kept: nothing earlier is known to
+        # have only grown
+        meta.rewrite_version = meta.version
     meta.version += 1
     superseded = 0
     if write.supersede_after is not None:
         superseded = _supersede(conn, ids, meta, write.supersede_after, write.supersede_until)
+    if superseded or write.compressed:
+        meta.rewrote()
     rows = []
     chain = meta.head_chain
     for seq, message in enumerate(write.messages, start=meta.head_seq + 1):
@@ -1021,6 +1040,7 @@ def _add_summary(
         if record.kind == "compaction":
             meta.boundary_seq = record.to_seq
         meta.version += 1
+        meta.rewrote()
         _write_meta(conn, ids, meta, revision)
     return record
 
@@ -1049,6 +1069,7 @@ def _bump_version(conn: sqlite3.Connection, ids: Ids) -> None:
     if stored is not None:
         meta, revision = stored
         meta.version += 1
+        meta.rewrote()
         _write_meta(conn, ids, meta, revision)
 
 

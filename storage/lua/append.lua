@@ -10,12 +10,20 @@ local now, count = ARGV[1], tonumber(ARGV[2])
 local after, upto = ARGV[3], ARGV[4]
 local nfields = tonumber(ARGV[5])
 
-local state = redis.call('HMGET', meta, 'head_seq', 'head_chain', 'last_user_seq', 'version')
-if not state[4] then
+local state = redis.call(
+  'HMGET', meta, 'head_seq', 'head_chain', 'last_user_seq', 'version', 'rewrite_version')
+local start = state[4]
+if not start then
   -- a new session (or one stored before versions): start from the time (see records.py)
   local time = redis.call('TIME')
-  redis.call('HSET', meta, 'version', time[1] .. string.format('%06d', tonumber(time[2])) .. '000')
+  start = time[1] .. string.format('%06d', tonumber(time[2])) .. '000'
+  redis.call('HSET', meta, 'version', start)
   redis.call('HSETNX', meta, 'created_at', now)
+end
+if not state[5] or state[5] == '0' then
+  -- created here, or stored before rewrites were kept: nothing earlier is known to have
+  -- only grown
+  redis.call('HSET', meta, 'rewrite_version', start)
 end
 redis.call('HINCRBY', meta, 'version', 1)
 
@@ -57,6 +65,7 @@ for i = 0, count - 1 do
 end
 
 local at = base + 5 * count + 1
+if superseded > 0 or tonumber(ARGV[at]) > 0 then rewrote(meta) end
 for i = 0, tonumber(ARGV[at]) - 1 do
   local seq, stub = ARGV[at + 1 + 2 * i], ARGV[at + 2 + 2 * i]
   if redis.call('HEXISTS', msgs, seq) == 1 then

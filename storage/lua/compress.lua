@@ -8,5 +8,8 @@ for i = 1, #ARGV, 2 do
     end
   end
 end
-if redis.call('EXISTS', KEYS[3]) == 1 then redis.call('HINCRBY', KEYS[3], 'version', 1) end
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  redis.call('HINCRBY', KEYS[3], 'version', 1)
+  rewrote(KEYS[3])
+end
 return #ARGV / 2

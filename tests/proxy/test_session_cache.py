@@ -93,12 +93,13 @@ def test_turns_after_the_first_are_served_from_the_cache(make_proxy, fake, agent
     conversation(proxy, fake, "s1")
 
     cache = proxy.services.sessions
-    # 13 turns: a new session is read in full on its first two turns (the first write of a
-    # session has no version before it to follow), every later turn reads only the head
-    assert (cache.misses, cache.hits) == (2, 11)
+    # 13 turns: the first finds the session missing and creates it (its write is cached),
+    # every later turn reads only the head
+    assert (cache.misses, cache.hits, cache.catch_ups) == (1, 12, 0)
     metrics = httpx.get(f"{proxy.base}/metrics").text
-    assert "memory_proxy_session_cache_hits_total 11\n" in metrics
-    assert "memory_proxy_session_cache_misses_total 2\n" in metrics
+    assert "memory_proxy_session_cache_hits_total 12\n" in metrics
+    assert "memory_proxy_session_cache_catch_ups_total 0\n" in metrics
+    assert "memory_proxy_session_cache_misses_total 1\n" in metrics
     assert "memory_proxy_session_cache_sessions 1\n" in metrics
 
 
@@ -188,9 +189,9 @@ def test_the_cache_holds_at_most_its_bound_dropping_the_least_recent():
     for key in keys:
         cache.fill(key, spec, snapshot(1, 4))
         assert cache.size <= cache.max_bytes
-    assert cache.known_version(keys[0], spec) is None
-    assert cache.known_version(keys[1], spec) == 1
-    assert cache.known_version(keys[2], spec) == 1
+    assert cache.known(keys[0], spec) is None
+    assert cache.known(keys[1], spec).version == 1
+    assert cache.known(keys[2], spec).version == 1
     assert cache.size == 2 * four
 
 
@@ -198,7 +199,7 @@ def test_a_session_larger_than_the_bound_is_not_cached():
     cache = SessionCache(max_bytes=estimated_bytes(tuple(snapshot(1, 4).messages)) - 1)
     key, spec = SessionKey("ns", "a", "s"), LoadSpec(limit=500)
     cache.fill(key, spec, snapshot(1, 4))
-    assert cache.known_version(key, spec) is None and cache.size == 0
+    assert cache.known(key, spec) is None and cache.size == 0
 
 
 def test_the_size_estimate_is_close_to_what_cached_messages_take():
@@ -228,7 +229,7 @@ def test_an_append_after_another_write_is_not_applied_to_the_cache():
     loaded = snapshot(5, 2)
     cache.fill(key, spec, loaded)
     cache.after_append(key, spec, loaded, [record(4, "late")], None, 7, "irrelevant")
-    assert cache.known_version(key, spec) == 5
+    assert cache.known(key, spec).version == 5
 
 
 def test_after_append_accounts_for_every_field_of_a_turn_write():
@@ -238,3 +239,101 @@ def test_after_append_accounts_for_every_field_of_a_turn_write():
         "messages", "supersede_after", "supersede_until", "system_prompt", "system_tokens",
         "model", "calibration", "compressed",
     }
+
+
+def chained(records: list[StoredMessage], previous: str = "") -> list[StoredMessage]:
+    """``records`` with the chains a store gives them, continuing from ``previous``."""
+    for item in records:
+        previous = item.chain = hashlib.sha1((previous + item.fingerprint).encode()).hexdigest()
+    return records
+
+
+def grown(version: int, head: int, new: list[StoredMessage]) -> SessionSnapshot:
+    from strategies.records import SessionMeta
+
+    meta = SessionMeta(head_seq=head, version=version, head_chain=new[-1].chain)
+    return SessionSnapshot(meta, new, [], exists=True, grown=True)
+
+
+def test_a_grown_snapshot_is_appended_to_the_page_held():
+    cache = SessionCache(max_bytes=1 << 20)
+    key, spec = SessionKey("ns", "a", "s"), LoadSpec(limit=5)
+    held = snapshot(3, 4)
+    chained(held.messages)
+    cache.fill(key, spec, held)
+    known = cache.known(key, spec)
+    new = chained([record(5, "five"), record(6, "six")], held.messages[-1].chain)
+
+    caught_up = grown(4, 6, new)
+    assert cache.fill(key, spec, caught_up, known)
+
+    assert [m.seq for m in caught_up.messages] == [2, 3, 4, 5, 6]  # the limit: the newest 5
+    assert not caught_up.grown and cache.catch_ups == 1 and cache.misses == 1
+    entry = cache.known(key, spec)
+    assert (entry.version, entry.head_seq) == (4, 6)
+    assert list(entry.messages) == caught_up.messages
+    assert entry.size == estimated_bytes(entry.messages)
+    assert cache.size == entry.size
+
+
+def test_a_grown_snapshot_is_refused_when_the_page_held_changed_or_does_not_lead_to_it():
+    cache = SessionCache(max_bytes=1 << 20)
+    key, spec = SessionKey("ns", "a", "s"), LoadSpec(limit=500)
+    held = snapshot(3, 4)
+    chained(held.messages)
+    cache.fill(key, spec, held)
+    known = cache.known(key, spec)
+    new = chained([record(5, "five")], held.messages[-1].chain)
+
+    # another turn of this process replaced the page meanwhile
+    cache.fill(key, spec, snapshot(4, 4))
+    assert not cache.fill(key, spec, grown(5, 5, new), known)
+    # the page left the cache
+    cache.drop_session(key)
+    assert not cache.fill(key, spec, grown(5, 5, new), known)
+    # the messages read do not continue the page's chain
+    cache.fill(key, spec, held)
+    known = cache.known(key, spec)
+    assert not cache.fill(key, spec, grown(5, 5, chained([record(5, "five")], "elsewhere")), known)
+    assert cache.known(key, spec) is None and cache.catch_ups == 0
+
+
+def test_turns_alternating_between_replicas_read_only_what_the_other_appended(make_proxy, fake):
+    first, second = make_proxy(), make_proxy()
+    clients = [first.client("shared", "s1"), second.client("shared", "s1")]
+    for n in range(6):
+        fake.queue(Reply.text(f"a{n}"))
+        clients[n % 2].chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": f"q{n}"}])
+
+    windows = [[m["content"] for m in window] for window in sent(fake)]
+    assert windows == [
+        [text for i in range(n) for text in (f"q{i}", f"a{i}")] + [f"q{n}"] for n in range(6)
+    ]
+    # the first replica found the session missing and created it, the second read it whole
+    # on its first turn; every later turn caught up
+    counts = [(p.services.sessions.misses, p.services.sessions.catch_ups) for p in (first, second)]
+    assert counts == [(1, 2), (1, 2)]
+    assert first.services.sessions.hits == second.services.sessions.hits == 0
+    for proxy in (first, second):
+        cached = [entry for *_, entry in cached_entries(proxy)]
+        assert len(cached) == 1
+        assert [m.content for m in cached[0].messages][-2:] in (["q4", "a4"], ["q5", "a5"])
+    key = first.key("shared", "s1")
+    stored = first.call(first.services.store.load(key, LoadSpec()))
+    latest = max((first, second), key=lambda p: cached_entries(p)[0][2].version)
+    assert list(cached_entries(latest)[0][2].messages) == stored.messages
+
+
+def test_a_replica_that_rewrote_the_session_is_read_whole_on_the_next_turn(make_proxy, fake):
+    first, second = make_proxy(), make_proxy()
+    one = first.client("shared", "s1")
+    fake.queue(Reply.text("a0"), Reply.text("a1"))
+    one.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "q0"}])
+    key = second.key("shared", "s1")
+    second.call(second.services.store.set_compressed(key, {2: "[answer elided]"}))
+
+    one.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "q1"}])
+
+    assert [m["content"] for m in sent(fake)[-1]] == ["q0", "[answer elided]", "q1"]
+    assert (first.services.sessions.misses, first.services.sessions.catch_ups) == (2, 0)
