@@ -55,6 +55,7 @@ def serve(args: argparse.Namespace) -> int:
 
     import uvicorn
 
+    from proxy.http_protocol import ProxyHttpProtocol
     from proxy.settings import Settings
 
     settings = Settings()
@@ -74,7 +75,7 @@ def serve(args: argparse.Namespace) -> int:
         log_level=settings.log_level,
         access_log=False,
         loop="auto",
-        http="auto",
+        http=ProxyHttpProtocol,
     )
     return 0
 

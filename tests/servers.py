@@ -12,6 +12,8 @@ from typing import Any
 
 import uvicorn
 
+from proxy.http_protocol import ProxyHttpProtocol
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -20,11 +22,14 @@ def free_port() -> int:
 
 
 class ThreadedServer:
-    def __init__(self, app: Any, port: int | None = None) -> None:
+    """The app served as ``memory-proxy serve`` serves it: uvicorn with the proxy's HTTP
+    protocol (proxy/http_protocol.py)."""
+
+    def __init__(self, app: Any, port: int | None = None, **options: Any) -> None:
         self.port = port or free_port()
         config = uvicorn.Config(
             app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on",
-            access_log=False,
+            access_log=False, http=ProxyHttpProtocol, **options,
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self._run, daemon=True)
