@@ -274,9 +274,5 @@ async def finish_turn(
 ) -> None:
     reply = accumulator.message()
     result = await persist_turn(services, turn, reply, usage=usage or accumulator.usage)
-    kind = turn.agent.config.kind
-    metrics.inc("memory_proxy_turns_total", strategy=kind)
-    metrics.inc("memory_proxy_window_tokens_total", turn.window.tokens, strategy=kind)
-    if turn.modified:
-        metrics.inc("memory_proxy_context_modified_total", strategy=kind)
+    metrics.count_turn(turn.agent.config.kind, turn.window.tokens, turn.modified)
     schedule_after_turn(services, turn, result, headers)

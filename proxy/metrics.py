@@ -9,7 +9,8 @@ from starlette.responses import PlainTextResponse
 
 from proxy.session_cache import SessionCache
 
-COUNTERS: Counter[tuple[str, tuple[tuple[str, str], ...]]] = Counter()
+Key = tuple[str, tuple[tuple[str, str], ...]]  # a counter's name and labels
+COUNTERS: Counter[Key] = Counter()
 HELP = {
     "memory_proxy_turns_total": "Chat turns stored, by strategy.",
     "memory_proxy_window_tokens_total": "Estimated tokens sent upstream in windows.",
@@ -23,6 +24,25 @@ HELP = {
 
 def inc(name: str, value: float = 1, **labels: str) -> None:
     COUNTERS[(name, tuple(sorted(labels.items())))] += value  # type: ignore[assignment]
+
+
+_TURN_KEYS: dict[str, tuple[Key, Key, Key]] = {}
+
+
+def count_turn(strategy: str, window_tokens: int, modified: bool) -> None:
+    """A stored turn's counters (every turn: their keys are built once per strategy)."""
+    keys = _TURN_KEYS.get(strategy)
+    if keys is None:
+        labels = (("strategy", strategy),)
+        keys = _TURN_KEYS[strategy] = (
+            ("memory_proxy_turns_total", labels),
+            ("memory_proxy_window_tokens_total", labels),
+            ("memory_proxy_context_modified_total", labels),
+        )
+    COUNTERS[keys[0]] += 1
+    COUNTERS[keys[1]] += window_tokens
+    if modified:
+        COUNTERS[keys[2]] += 1
 
 
 def render() -> str:
