@@ -55,7 +55,6 @@ def serve(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from proxy.http_protocol import ProxyHttpProtocol
     from proxy.settings import Settings
 
     settings = Settings()
@@ -75,7 +74,7 @@ def serve(args: argparse.Namespace) -> int:
         log_level=settings.log_level,
         access_log=False,
         loop="auto",
-        http=ProxyHttpProtocol,
+        http="auto",
     )
     return 0
 

@@ -12,8 +12,6 @@ from typing import Any
 
 import uvicorn
 
-from proxy.http_protocol import ProxyHttpProtocol
-
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -22,14 +20,11 @@ def free_port() -> int:
 
 
 class ThreadedServer:
-    """The app served as ``memory-proxy serve`` serves it: uvicorn with the proxy's HTTP
-    protocol (proxy/http_protocol.py)."""
-
-    def __init__(self, app: Any, port: int | None = None, **options: Any) -> None:
+    def __init__(self, app: Any, port: int | None = None) -> None:
         self.port = port or free_port()
         config = uvicorn.Config(
             app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on",
-            access_log=False, http=ProxyHttpProtocol, **options,
+            access_log=False,
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self._run, daemon=True)
