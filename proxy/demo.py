@@ -25,7 +25,6 @@ import aiohttp
 import uvicorn
 
 from proxy.fake_upstream import FakeUpstream, Reply
-from proxy.http_protocol import ProxyHttpProtocol
 from proxy.identity import namespace_for
 from proxy.settings import Settings
 from strategies.compression import FETCH_TOOL
@@ -193,8 +192,7 @@ class Demo:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
             server = uvicorn.Server(
-                uvicorn.Config(app, log_config=None, access_log=False, lifespan="on",
-                               http=ProxyHttpProtocol))
+                uvicorn.Config(app, log_config=None, access_log=False, lifespan="on"))
             serving = asyncio.create_task(server.serve(sockets=[sock]))
             while not server.started:
                 if serving.done():
