@@ -147,28 +147,45 @@ def test_a_write_straight_to_the_store_is_seen_on_the_next_turn(proxy, fake):
     assert (proxy.services.sessions.misses, proxy.services.sessions.catch_ups) == (2, 0)
 
 
-def test_concurrent_turns_of_one_session_lose_nothing(proxy, fake):
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_concurrent_turns_of_one_session_lose_nothing(make_proxy, fake, replicas):
+    proxies = [make_proxy() for _ in range(replicas)]
+
     async def turns() -> None:
         import openai
 
-        client = openai.AsyncOpenAI(base_url=proxy.url("busy", "s1"), api_key="sk-test-busy",
-                                    max_retries=0, timeout=20)
-        await asyncio.gather(*(
-            client.chat.completions.create(
-                model="gpt-4o-mini", messages=[{"role": "user", "content": f"q{i}"}])
-            for i in range(8)
-        ))  # fmt: skip
-        await client.chat.completions.create(
-            model="gpt-4o-mini", messages=[{"role": "user", "content": "last"}])
-        await client.close()
+        clients = [
+            openai.AsyncOpenAI(base_url=proxy.url("busy", "s1"), api_key="sk-test-busy",
+                               max_retries=0, timeout=20)
+            for proxy in proxies
+        ]  # fmt: skip
+        for burst in range(3):
+            await asyncio.gather(*(
+                clients[i % replicas].chat.completions.create(
+                    model="gpt-4o-mini",
+                    messages=[{"role": "user", "content": f"q{burst}.{i}"}])
+                for i in range(8)
+            ))  # fmt: skip
+        for client in clients:
+            await client.chat.completions.create(
+                model="gpt-4o-mini", messages=[{"role": "user", "content": "last"}])
+            await client.close()
 
     asyncio.run(turns())
 
+    asked = [f"q{burst}.{i}" for burst in range(3) for i in range(8)]
     last = sent(fake)[-1]
     assert sorted(m["content"] for m in last if m["role"] == "user") == sorted(
-        [f"q{i}" for i in range(8)] + ["last"]
+        [*asked, *["last"] * replicas]
     )
-    assert len(last) == 17
+    assert len(last) == 2 * (24 + replicas) - 1
+    # what each replica holds is what the store holds at the version it holds
+    stored = proxies[0].stored("busy", "s1", api_key="sk-test-busy")
+    for proxy in proxies:
+        entries = [entry for *_, entry in cached_entries(proxy)]
+        assert entries
+        for entry in entries:
+            assert list(entry.messages) == [m for m in stored if m.seq <= entry.head_seq]
 
 
 def record(seq: int, text: str = "x") -> StoredMessage:
