@@ -19,13 +19,12 @@ tracemalloc on typical messages), least recently used first out.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from strategies.records import (
     LoadSpec,
     SessionKey,
-    SessionMeta,
     SessionSnapshot,
     StoredMessage,
     SummaryRecord,
@@ -43,6 +42,16 @@ BYTES_PER_TOKEN = 4
 
 def estimated_bytes(messages: Sequence[StoredMessage]) -> int:
     return MESSAGE_OVERHEAD * len(messages) + BYTES_PER_TOKEN * sum(m.tokens for m in messages)
+
+
+def _within(
+    spec: LoadSpec, messages: tuple[StoredMessage, ...], size: int
+) -> tuple[tuple[StoredMessage, ...], int]:
+    """A page and its estimated size, cut to the newest ``spec.limit`` messages."""
+    if len(messages) <= spec.limit:
+        return messages, size
+    cut = len(messages) - spec.limit if spec.limit > 0 else len(messages)
+    return messages[cut:], size - estimated_bytes(messages[:cut])
 
 
 # a plain tuple: hashing and comparing it is cheaper than the frozen dataclasses
@@ -120,8 +129,10 @@ class SessionCache:
         self.misses += 1
         if snapshot.exists:
             messages = tuple(snapshot.messages)
-            self._put(slot, snapshot.meta, messages, tuple(snapshot.summaries),
-                      estimated_bytes(messages))  # fmt: skip
+            self._put(slot, CachedSession(
+                snapshot.meta.version, snapshot.meta.head_seq, messages,
+                tuple(snapshot.summaries), estimated_bytes(messages),
+            ))  # fmt: skip
         else:
             self._drop(slot)
         return True
@@ -140,17 +151,15 @@ class SessionCache:
         ):
             self._drop(slot)
             return False
-        messages = (*entry.messages, *new)
-        size = entry.size + estimated_bytes(new)
-        if len(messages) > spec.limit:
-            cut = len(messages) - spec.limit if spec.limit > 0 else len(messages)
-            size -= estimated_bytes(messages[:cut])
-            messages = messages[cut:]
+        messages, size = _within(
+            spec, (*entry.messages, *new), entry.size + estimated_bytes(new)
+        )
         self.catch_ups += 1
         snapshot.messages = list(messages)
         snapshot.summaries = list(entry.summaries)
         snapshot.grown = False
-        self._put(slot, snapshot.meta, messages, entry.summaries, size)
+        meta = snapshot.meta
+        self._put(slot, CachedSession(meta.version, meta.head_seq, messages, entry.summaries, size))
         return True
 
     def after_append(
@@ -159,7 +168,7 @@ class SessionCache:
         spec: LoadSpec,
         loaded: SessionSnapshot,
         appended: list[StoredMessage],
-        stubs: dict[int, str | None] | None,
+        stubs: Mapping[int, str | None] | None,
         version: int,
         head_chain: str,
     ) -> None:
@@ -192,37 +201,23 @@ class SessionCache:
             size += current.size  # the entry the turn loaded: grown by the turn
         else:
             size += estimated_bytes(loaded.messages)
-        if len(messages) > spec.limit:
-            cut = len(messages) - spec.limit if spec.limit > 0 else len(messages)
-            size -= estimated_bytes(messages[:cut])
-            messages = messages[cut:]
+        messages, size = _within(spec, messages, size)
         if current is not None and current.version > version:
             return  # a later turn of this session already cached a newer state
         head = appended[-1].seq if appended else loaded.meta.head_seq
-        self._put_entry(slot, CachedSession(version, head, messages, tuple(loaded.summaries), size))
+        self._put(slot, CachedSession(version, head, messages, tuple(loaded.summaries), size))
 
     def drop_session(self, key: SessionKey) -> None:
         session = (key.namespace, key.agent, key.session)
         for slot in [s for s in self._entries if s[:3] == session]:
             self._drop(slot)
 
-    def _put(
-        self,
-        slot: Slot,
-        meta: SessionMeta,
-        messages: tuple[StoredMessage, ...],
-        summaries: tuple[SummaryRecord, ...],
-        size: int,
-    ) -> None:
-        self._put_entry(slot, CachedSession(meta.version, meta.head_seq, messages, summaries, size))
-
-    def _put_entry(self, slot: Slot, entry: CachedSession) -> None:
+    def _put(self, slot: Slot, entry: CachedSession) -> None:
         self._drop(slot)
         if slot[4] == "turn" or entry.size > self.max_bytes:
             return
         self._entries[slot] = entry
-        size = entry.size
-        self._size += size
+        self._size += entry.size
         while self._size > self.max_bytes:
             _, oldest = self._entries.popitem(last=False)
             self._size -= oldest.size

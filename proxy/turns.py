@@ -161,12 +161,8 @@ async def load_session(
                 return snapshot
             known = None  # grown past the page meanwhile (rare): the store matches
         probe = resent.probe() if resent is not None else []
-        if known is None:
-            snapshot = await store.load(key, spec, probe=probe)
-        else:
-            snapshot = await store.load(
-                key, spec, probe=probe, known_version=known.version, known_head=known.head_seq
-            )
+        version, head = (known.version, known.head_seq) if known else (None, None)
+        snapshot = await store.load(key, spec, probe=probe, known_version=version, known_head=head)
         if not cache.fill(key, spec, snapshot, known):
             snapshot = await store.load(key, spec, probe=probe)
             cache.fill(key, spec, snapshot)

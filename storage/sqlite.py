@@ -219,8 +219,9 @@ class SqliteStore:
         ids = _ids(key)
         if any(job[0] == ids for job, _ in self._appends):
             self._write_appends()  # a session's jobs keep their order
-        known = None if known_version is None else (known_version, known_head)
-        return await self._run(_load, ids, spec, list(probe), known, self._prompts, self._heads)
+        return await self._run(
+            _load, ids, spec, list(probe), known_version, known_head, self._prompts, self._heads
+        )
 
     async def append_turn(
         self, key: SessionKey, write: TurnWrite, *, with_others: bool = False
@@ -731,12 +732,11 @@ def _load(
     ids: Ids,
     spec: LoadSpec,
     probe: list[str],
-    known: tuple[int, int | None] | None,
+    known_version: int | None,
+    known_head: int | None,
     prompts: SystemPrompts,
     heads: Heads,
 ) -> SessionSnapshot:
-    """``known``: the caller's ``known_version`` and ``known_head`` (see ``Store.load``)."""
-    known_version, known_head = known or (None, None)
     if known_version is not None and not probe:
         # the common turn of a cached session: the heads, or one statement, are its
         # snapshot
@@ -780,15 +780,15 @@ def _load(
             )
         low = {"all": 0, "boundary": meta.boundary_seq + 1, "turn": meta.last_user_seq}
         start = low[spec.since]
-        grown = (
+        grown = False
+        if (
             known_version is not None
             and known_head is not None
             and spec.since != "turn"
             and meta.only_grew_since(known_version)
             and known_head <= meta.head_seq
-        )
-        if grown:
-            start = max(start, known_head + 1)  # type: ignore[operator]
+        ):
+            grown, start = True, max(start, known_head + 1)
         rows = conn.execute(
             f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE {KEY} AND superseded = 0"
             " AND seq >= ? ORDER BY seq DESC LIMIT ?",
