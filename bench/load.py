@@ -136,8 +136,10 @@ def wrk(
     pool: SessionPool | None = None,
     cpus: str | None = None,
     script_dir: Path,
+    headers: dict[str, str] | None = None,
 ) -> LoadResult:
-    """Run wrk (one thread) against ``base_url`` and return requests/s and percentiles."""
+    """Run wrk (one thread) against ``base_url`` and return requests/s and percentiles;
+    ``headers`` are sent besides the script's own."""
     if WRK is None:
         raise RuntimeError("wrk is not installed")
     script_dir.mkdir(parents=True, exist_ok=True)
@@ -147,7 +149,7 @@ def wrk(
         agent=pool.agent if pool else "", prefix=pool.prefix if pool else "",
         body=turn_body().decode(),
         key=API_KEY,
-    ))
+    ) + "".join(f'wrk.headers["{name}"] = "{value}"\n' for name, value in (headers or {}).items()))
     argv = [WRK, "-t1", f"-c{concurrency}", f"-d{max(1, round(seconds))}s", "--timeout", "10s",
             "-s", str(script), base_url]
     if cpus is not None:

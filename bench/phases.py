@@ -29,6 +29,7 @@ class Target:
     base_url: str
     server: Server  # the process whose CPU and memory are charged to this target
     pool: SessionPool | None = None  # memory-proxy: the sessions its turns go to
+    headers: dict[str, str] = field(default_factory=dict)  # sent with every wrk request
 
     def cpu(self) -> float:
         return self.server.cpu_seconds()
@@ -92,7 +93,8 @@ def charged(target: Target, run: Callable[[], LoadResult]) -> tuple[LoadResult, 
 
 def wrk_run(target: Target, concurrency: int, seconds: float, env_cpus: str | None) -> LoadResult:
     return load.wrk(target.base_url, concurrency=concurrency, seconds=seconds, pool=target.pool,
-                    cpus=env_cpus, script_dir=OUT / "wrk" / target.key.replace("'", "2"))
+                    cpus=env_cpus, script_dir=OUT / "wrk" / target.key.replace("'", "2"),
+                    headers=target.headers)
 
 
 def warm_up(targets: list[Target], env_cpus: str | None) -> None:

@@ -7,6 +7,9 @@ from typing import Any
 import native
 from sampling import Profile
 
+# the throughput phase's extra row: C's own server with ``x-memory: off`` on every request
+HTTP_ONLY = "C-off"
+
 OWN_CODE = ("proxy/", "storage/", "strategies/")
 # where a turn's CPU goes: (label, frame prefix) matched against the inclusive profile
 COMPONENTS = (
@@ -205,7 +208,7 @@ def render(r: dict[str, Any]) -> str:
               f"wrk, {r['plan']['throughput_seconds']:.0f} s per cell, requests/s "
               "(p50 / p99 latency; errors). One worker process per server.", ""]
     rows = []
-    for k in keys:
+    for k in [*keys, *([HTTP_ONLY] if HTTP_ONLY in r["throughput"][32] else [])]:
         row = [k]
         for by in r["throughput"].values():
             cell = by[k]
@@ -219,7 +222,10 @@ def render(r: dict[str, Any]) -> str:
                      "max without errors", "CPU / request at c=32",
                      "one core's worth (1 s / CPU per request)"], rows)
     lines += ["The last column is the rate one fully available core would sustain at the "
-              "measured CPU cost: the bound when the machine is shared, as here.", ""]
+              "measured CPU cost: the bound when the machine is shared, as here. "
+              f"**{HTTP_ONLY}** is C's own server with `x-memory: off` on every request: the "
+              "request parsed and forwarded, the reply sent back, no memory work (what the "
+              "proxy's HTTP path costs alone).", ""]
 
     lines += ["## Streams", "",
               f"Time to first body byte, aiohttp client at concurrency 1, "
@@ -401,13 +407,23 @@ def _cpu_bound(r: dict[str, Any]) -> str:
     c1, b1, a1 = lat["C"]["cpu_ms"], lat.get("B", {}).get("cpu_ms", 0.0), lat["A"]["cpu_ms"]
     text = (
         f"the proxy's CPU per request. At concurrency 1 it spends {c1:.2f} ms of CPU per turn "
-        f"(the bare pass-through B on the same uvicorn + aiohttp stack: {b1:.2f} ms; the fake "
+        f"(the bare pass-through B, uvicorn with an aiohttp client: {b1:.2f} ms; the fake "
         f"upstream: {a1:.2f} ms) and waits {lat['C']['wait_ms']:.2f} ms per turn for a CPU "
         "held by other processes; added latency is about the sum. At concurrency 32 a turn "
         f"costs {c32['C']['cpu_ms']:.2f} ms of CPU, so one core passes at most "
         f"{1000 / c32['C']['cpu_ms'] if c32['C']['cpu_ms'] else 0:,.0f} turns/s; 2,000/s needs "
         "≤ 0.5 ms."
     )
+    http_only = c32.get(HTTP_ONLY)
+    if http_only and http_only["cpu_ms"]:
+        b32 = c32.get("B", {}).get("cpu_ms", 0.0)
+        text += (
+            f" Of that, the proxy's HTTP path alone ({HTTP_ONLY}: the same server with "
+            f"`x-memory: off`) costs {http_only['cpu_ms']:.2f} ms against B's "
+            f"{b32:.2f} ms, so the memory work (load, window, mapping, the write, the "
+            "bigger request upstream) is about "
+            f"{c32['C']['cpu_ms'] - http_only['cpu_ms']:.2f} ms of the turn."
+        )
     entry = r["profiles"].get("C")
     if entry and isinstance(entry["profile"], Profile):
         profile = entry["profile"]

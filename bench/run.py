@@ -266,10 +266,14 @@ class Run:
         }
 
         self.step("throughput (wrk) at concurrency " + ", ".join(map(str, CONCURRENCIES)))
-        tput = phases.throughput(targets, CONCURRENCIES, plan.throughput_seconds, env)
+        # C's own server with memory off: what its HTTP path alone costs
+        http_only = Target(report.HTTP_ONLY, "C with `x-memory: off`", c_sqlite.url, c_sqlite,
+                           headers={"x-memory": "off"})
+        tput = phases.throughput([*targets, http_only], CONCURRENCIES, plan.throughput_seconds,
+                                 env)
         results["throughput"] = {c: {k: self.summary(m) for k, m in by.items()}
                                  for c, by in tput.items()}
-        results["max_rps"] = {k: phases.max_rps(tput, k) for k in by_key}
+        results["max_rps"] = {k: phases.max_rps(tput, k) for k in [*by_key, report.HTTP_ONLY]}
 
         self.step("streams: time to first byte")
         sse = asyncio.run(phases.closed_rounds(targets, plan.sse_requests, plan.rounds,
