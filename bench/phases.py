@@ -123,16 +123,20 @@ def added_p50(measured: dict[str, Measured], key: str, pct: str = "p50") -> floa
 
 
 def throughput(
-    targets: list[Target], concurrencies: tuple[int, ...], seconds: float, env_cpus: str | None
+    targets: list[Target], concurrencies: tuple[int, ...], seconds: float, env_cpus: str | None,
+    rounds: int = 1,
 ) -> dict[int, dict[str, Measured]]:
+    """Each concurrency in ``rounds`` rounds, the targets in a rotated order each round (a
+    moment of background load hits one round of each, not one target's only cell)."""
     out: dict[int, dict[str, Measured]] = {}
     for concurrency in concurrencies:
-        out[concurrency] = {}
-        for target in targets:
-            measured = out[concurrency][target.key] = Measured(target.key)
-            measured.add(*charged(
-                target, lambda t=target, c=concurrency: wrk_run(t, c, seconds, env_cpus)
-            ))
+        out[concurrency] = {t.key: Measured(t.key) for t in targets}
+        for index in range(rounds):
+            order = targets[index % len(targets):] + targets[: index % len(targets)]
+            for target in order:
+                out[concurrency][target.key].add(*charged(
+                    target, lambda t=target, c=concurrency: wrk_run(t, c, seconds, env_cpus)
+                ))
     return out
 
 

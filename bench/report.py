@@ -205,8 +205,10 @@ def render(r: dict[str, Any]) -> str:
               "latency in this run.", ""]
 
     lines += ["## Throughput", "",
-              f"wrk, {r['plan']['throughput_seconds']:.0f} s per cell, requests/s "
-              "(p50 / p99 latency; errors). One worker process per server.", ""]
+              f"wrk, {r['plan'].get('throughput_rounds', 1)} interleaved rounds of "
+              f"{r['plan']['throughput_seconds']:.0f} s per cell (the targets in a rotated order "
+              "each round); requests/s (p50 / p99 latency; errors), medians of the rounds, as is "
+              "the CPU per request. One worker process per server.", ""]
     rows = []
     for k in [*keys, *([HTTP_ONLY] if HTTP_ONLY in r["throughput"][32] else [])]:
         row = [k]

@@ -56,12 +56,13 @@ class Plan:
     big_session_messages: int
     ready_repeats: int
     workers_seconds: float  # each round of the workers phase
+    throughput_rounds: int = 3  # each a cell of throughput_seconds per target and concurrency
 
     @classmethod
     def make(cls, quick: bool) -> Plan:
         if quick:
-            return cls(True, 2, 1, 1, 40, 24, 2, 3, 600, 10000, 2, 1, 1)
-        return cls(False, 5, 2, 4, 300, 150, 5, 8, 3000, 10000, 10, 3, 2)
+            return cls(True, 2, 1, 1, 40, 24, 2, 3, 600, 10000, 2, 1, 1, throughput_rounds=1)
+        return cls(False, 5, 2, 2, 300, 150, 5, 8, 3000, 10000, 10, 3, 2)
 
 
 def cpu_layout() -> tuple[str | None, str | None]:
@@ -270,7 +271,7 @@ class Run:
         http_only = Target(report.HTTP_ONLY, "C with `x-memory: off`", c_sqlite.url, c_sqlite,
                            headers={"x-memory": "off"})
         tput = phases.throughput([*targets, http_only], CONCURRENCIES, plan.throughput_seconds,
-                                 env)
+                                 env, plan.throughput_rounds)
         results["throughput"] = {c: {k: self.summary(m) for k, m in by.items()}
                                  for c, by in tput.items()}
         results["max_rps"] = {k: phases.max_rps(tput, k) for k in [*by_key, report.HTTP_ONLY]}
