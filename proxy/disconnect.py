@@ -5,9 +5,10 @@ A streamed reply notices a disconnect through ``StreamingResponse``; a non-strea
 turn nobody received. ``unless_disconnected`` races the call against the ASGI
 ``http.disconnect`` message and cancels it, which aborts the upstream connection.
 
-The watch on a non-streaming call starts ``WATCH_AFTER_SECONDS`` into it: a model call
-takes far longer, and one that answers sooner (a cached reply, an instant error) is not
-worth a task of its own. A client that left meanwhile is noticed when the watch starts.
+The watch on a call ``unless_disconnected`` awaits (a non-streaming call, or the opening
+of a stream) starts ``WATCH_AFTER_SECONDS`` into it: a model call takes far longer, and one
+that answers sooner (a cached reply, an instant error) is not worth a task of its own. A
+client that left meanwhile is noticed when the watch starts.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from proxy.errors import ProxyError
 
 T = TypeVar("T")
 
-# how long a non-streaming call runs before the client is watched
+# how long a call awaited by ``unless_disconnected`` runs before the client is watched
 WATCH_AFTER_SECONDS = 0.05
 
 
