@@ -1,8 +1,8 @@
 """Stop waiting on the upstream for a client that has gone away.
 
-A streamed reply notices a disconnect through ``StreamingResponse``; a non-streaming call
-(or a stream whose headers are slow to come) would otherwise run to the end and store a
-turn nobody received. ``unless_disconnected`` races the call against the ASGI
+A streamed reply watches its client while it streams (``StreamReply`` in proxy/asgi.py); a
+non-streaming call (or a stream whose headers are slow to come) would otherwise run to the
+end and store a turn nobody received. ``unless_disconnected`` races the call against the ASGI
 ``http.disconnect`` message and cancels it, which aborts the upstream connection.
 
 The watch on a call ``unless_disconnected`` awaits (a non-streaming call, or the opening
