@@ -11,6 +11,11 @@ compression stubs, a summary or compaction, an admin edit) and the next load rea
 session again. Cached messages are shared between turns and never mutated:
 a change is a new record (``dataclasses.replace``).
 
+With the proxy's own turn write, the entry keeps the strategy's decision for that turn
+(its context and window, ``CachedSession.decision``): the next turn passes it to the
+strategy (``WindowContext.previous``), which may extend that window by the messages
+appended since instead of choosing anew.
+
 Bounded by an estimate of the memory it holds (``MEMORY_PROXY_SESSION_CACHE_MB``; a
 message is counted as ``MESSAGE_OVERHEAD`` bytes plus 4 per token, measured against
 tracemalloc on typical messages), least recently used first out.
@@ -22,6 +27,7 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from strategies.base import Window, WindowContext
 from strategies.records import (
     LoadSpec,
     SessionKey,
@@ -32,16 +38,26 @@ from strategies.records import (
     with_stubs,
 )
 
-__all__ = ["CachedSession", "SessionCache", "estimated_bytes"]
+__all__ = ["CachedSession", "SessionCache", "decision_bytes", "estimated_bytes"]
+
+# the strategy's context and window for one turn (``WindowContext.previous``)
+Decision = tuple[WindowContext, Window]
 
 # the record, its fingerprint and chain strings, its meta dict, the list slot and the
 # rendering the mapper keeps on it (about 185 bytes)
 MESSAGE_OVERHEAD = 600
+# a kept decision, per message of its window: the window item and two list slots
+DECISION_OVERHEAD = 100
 BYTES_PER_TOKEN = 4
 
 
 def estimated_bytes(messages: Sequence[StoredMessage]) -> int:
     return MESSAGE_OVERHEAD * len(messages) + BYTES_PER_TOKEN * sum(m.tokens for m in messages)
+
+
+def decision_bytes(decision: Decision | None) -> int:
+    """A kept decision's own share: its window's items (the records are the page's)."""
+    return 0 if decision is None else DECISION_OVERHEAD * len(decision[1].items)
 
 
 def _within(
@@ -72,6 +88,8 @@ class CachedSession:
     messages: tuple[StoredMessage, ...]
     summaries: tuple[SummaryRecord, ...]
     size: int  # estimated bytes
+    # the strategy's decision for the turn that wrote this version (proxy's own turns)
+    decision: Decision | None = None
 
 
 class SessionCache:
@@ -95,6 +113,12 @@ class SessionCache:
         """What is held for the session: its version and head are a load's ``known_version``
         and ``known_head``."""
         return self._entries.get(_slot(key, spec))
+
+    def decision(self, key: SessionKey, spec: LoadSpec, version: int) -> Decision | None:
+        """The strategy's decision for the turn that wrote ``version``, if this process
+        made it and still holds the session at that version."""
+        entry = self._entries.get(_slot(key, spec))
+        return entry.decision if entry is not None and entry.version == version else None
 
     def holds_all(self, key: SessionKey, spec: LoadSpec) -> bool:
         """The cached page held every active message when it was cached: it reads from the
@@ -152,7 +176,9 @@ class SessionCache:
             self._drop(slot)
             return False
         messages, size = _within(
-            spec, (*entry.messages, *new), entry.size + estimated_bytes(new)
+            spec,
+            (*entry.messages, *new),
+            entry.size - decision_bytes(entry.decision) + estimated_bytes(new),
         )
         self.catch_ups += 1
         snapshot.messages = list(messages)
@@ -171,12 +197,15 @@ class SessionCache:
         stubs: Mapping[int, str | None] | None,
         version: int,
         head_chain: str,
+        decision: Decision | None = None,
     ) -> None:
         """Apply the proxy's own turn write to the session as ``loaded`` (before the write):
         ``appended`` with their assigned seqs, ``stubs`` set on older messages. Kept only
         when the write was the only one since the load (``version`` is one past
         ``loaded``'s) and the chain the store computed is the one computed here. A session
-        the write created is kept when the chain shows it holds only this turn."""
+        the write created is kept when the chain shows it holds only this turn.
+        ``decision``: the strategy's for this turn, kept with the new version (its
+        context's ``previous`` cleared: not a chain of every turn before)."""
         slot = _slot(key, spec)
         if spec.since == "turn":
             return  # its start moves with every user message: not worth following
@@ -198,14 +227,19 @@ class SessionCache:
         size = estimated_bytes(appended)
         current = self._entries.get(slot)
         if current is not None and current.version == loaded.meta.version:
-            size += current.size  # the entry the turn loaded: grown by the turn
+            # the entry the turn loaded, grown by the turn (its decision is replaced)
+            size += current.size - decision_bytes(current.decision)
         else:
             size += estimated_bytes(loaded.messages)
         messages, size = _within(spec, messages, size)
         if current is not None and current.version > version:
             return  # a later turn of this session already cached a newer state
         head = appended[-1].seq if appended else loaded.meta.head_seq
-        self._put(slot, CachedSession(version, head, messages, tuple(loaded.summaries), size))
+        size += decision_bytes(decision)
+        self._put(
+            slot,
+            CachedSession(version, head, messages, tuple(loaded.summaries), size, decision),
+        )
 
     def drop_session(self, key: SessionKey) -> None:
         session = (key.namespace, key.agent, key.session)

@@ -65,6 +65,8 @@ class Turn:
     extra_tokens: int = 0
     # window.modified, computed once (it looks at every item)
     modified: bool = False
+    # the current turn's media blocks were settled on the window's items (settle_window)
+    settled: bool = False
     # the records written by persist_turn, with their assigned seqs
     appended: list[StoredMessage] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
@@ -271,8 +273,14 @@ async def prepare_turn(
         current_turn_start=start,
         count_tokens=cached_counter(model),
         calibration=meta.calibration or 1.0,
+        # this process's own decision for the turn that wrote what was loaded, if it has
+        # it: the strategy may extend that window (its checks say whether it can)
+        previous=services.sessions.decision(
+            key, strategy.load_spec(agent.config), meta.version
+        ),
     )
     window = strategy.select(context)
+    context.previous = None  # used: a kept context must not hold every turn before it
     media.settle_window(window, media_tokens)
     # stored messages the page did not load are left out too (fallen off, compacted)
     window.trimmed += max(0, meta.active_count - len(snapshot.messages))
@@ -295,6 +303,7 @@ async def prepare_turn(
         messages=rendered,
         extra_tokens=extra_tokens,
         modified=window.modified,
+        settled=bool(media_tokens),
     )
 
 
@@ -449,5 +458,8 @@ async def persist_turn(
             write.compressed,
             result.meta.version,
             result.meta.head_chain,
+            # a window the proxy changed after the strategy chose it (media blocks settled
+            # on its items) is not the strategy's to extend
+            (turn.context, turn.window) if turn.window.extendable and not turn.settled else None,
         )
     return result

@@ -40,6 +40,11 @@ class WindowContext:
     current_turn_start: int = 0
     count_tokens: CountTokens = lambda text: max(1, len(text) // 4)
     calibration: float = 1.0
+    # this session's previous decision, when the proxy kept it: the context and the window
+    # the strategy chose for it (as chosen, unchanged since). A strategy may extend that
+    # window when ``messages`` continue the previous ``messages`` (the same records, then
+    # new ones) instead of choosing anew, and must then give the window it would choose.
+    previous: tuple[WindowContext, Window] | None = None
 
 
 @dataclass(slots=True)
@@ -67,6 +72,10 @@ class Window:
     # estimated tokens of everything sent: system prompt, summaries, items
     tokens: int = 0
     notes: list[str] = field(default_factory=list)
+    # every loaded message went in as stored (with its stored stub, if any): nothing
+    # trimmed, compressed, truncated or summarized, chosen without a cut. The strategy may
+    # extend it at the next turn (``WindowContext.previous``).
+    extendable: bool = False
 
     @property
     def modified(self) -> bool:

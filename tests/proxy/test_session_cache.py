@@ -13,7 +13,7 @@ from e2e import RunningProxy, write_agent
 from summarizing_support import MODEL, sized
 
 from proxy.fake_upstream import Reply
-from proxy.session_cache import SessionCache, estimated_bytes
+from proxy.session_cache import SessionCache, decision_bytes, estimated_bytes
 from strategies.records import (
     LoadSpec,
     SessionKey,
@@ -78,7 +78,10 @@ def test_a_cached_session_is_what_a_fresh_load_returns(make_proxy, fake, agents_
         assert list(entry.messages) == fresh.messages
         assert list(entry.summaries) == fresh.summaries
     # the size kept up turn by turn is the estimate of what is held
-    assert all(entry.size == estimated_bytes(entry.messages) for _, _, entry in entries)
+    assert all(
+        entry.size == estimated_bytes(entry.messages) + decision_bytes(entry.decision)
+        for _, _, entry in entries
+    )
     assert proxy.services.sessions.size == sum(entry.size for _, _, entry in entries)
     if fetch < 500:
         assert all(len(entry.messages) == fetch for _, _, entry in entries)
@@ -120,6 +123,68 @@ def test_with_and_without_the_cache_the_upstream_sees_the_same_windows(
         (m.role, m.content, m.compressed_content) for m in uncached.stored("cached", "without")
     ]
     assert with_rows == without_rows
+
+
+def test_a_plain_turn_extends_the_window_chosen_for_the_turn_before(
+    make_proxy, fake, agents_dir, monkeypatch
+):
+    """The cache keeps the strategy's decision with each turn it writes; the next turn's
+    window extends it (the calibration moving with every reply), and the upstream sees
+    what a proxy choosing every window anew sends."""
+    from strategies.summarizing_window import SummarizingWindowStrategy
+
+    extended: list[bool] = []
+    choose = SummarizingWindowStrategy._extended
+
+    def spy(self, ctx, previous, window):  # type: ignore[no-untyped-def]
+        result = choose(self, ctx, previous, window)
+        extended.append(result is not None)
+        return result
+
+    monkeypatch.setattr(SummarizingWindowStrategy, "_extended", spy)
+    write_agent(agents_dir, "cached", llm={"model": MODEL, "contextWindow": 100_000})
+
+    def talk(proxy: RunningProxy, session: str) -> None:
+        client = proxy.client("cached", session)
+        for n in range(6):
+            fake.queue(Reply.text(f"answer {n}"))
+            client.chat.completions.create(model=MODEL, messages=[
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": f"question {n}"}])
+        proxy.drain()
+
+    cached = make_proxy()
+    talk(cached, "with")
+    with_cache = sent(fake)
+    assert extended == [True] * 5
+    entry = cached_entries(cached)[0][2]
+    assert entry.decision is not None and entry.decision[0].previous is None
+    assert [m.seq for m in entry.decision[0].messages] == list(range(1, 12))
+    uncached = make_proxy(session_cache_mb=0)
+    talk(uncached, "without")
+    assert len(extended) == 5  # nothing kept without the cache
+    assert sent(fake, len(with_cache)) == with_cache
+
+
+def test_a_window_the_proxy_changed_after_the_strategy_chose_it_is_not_kept(
+    make_proxy, fake, agents_dir
+):
+    """A current turn's media blocks are settled on the chosen window's items: that window
+    is no longer the strategy's, so it is not kept for the next turn to extend."""
+    from media_samples import data_url, png
+
+    write_agent(agents_dir, "vision", llm={"model": "gpt-4o", "capabilities": ["image"]})
+    proxy = make_proxy()
+    client = proxy.client("vision", "s1")
+    fake.queue(Reply.text("plain"), Reply.text("a cat"), Reply.text("later"))
+    client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
+    assert cached_entries(proxy)[0][2].decision is not None
+    image = {"type": "image_url", "image_url": {"url": data_url("image/png", png(64, 64))}}
+    client.chat.completions.create(model="gpt-4o", messages=[
+        {"role": "user", "content": [{"type": "text", "text": "what is it?"}, image]}])
+    assert cached_entries(proxy)[0][2].decision is None
+    client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "ok"}])
+    assert cached_entries(proxy)[0][2].decision is not None
 
 
 def test_a_write_by_another_replica_is_seen_on_the_next_turn(make_proxy, fake):
