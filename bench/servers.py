@@ -67,6 +67,10 @@ def status_kb(pid: int, field_name: str) -> int:
     return 0
 
 
+# utime + stime trail the threads' run time by up to a tick or two (they are truncated)
+EXITED_SLACK_SECONDS = 0.03
+
+
 def schedstat(pid: int) -> tuple[int, int]:
     """Nanoseconds the process's live threads ran, and waited runnable for a CPU
     (/proc/PID/task/*/schedstat)."""
@@ -93,10 +97,6 @@ def cpu_seconds(pid: int) -> float:
     ran = schedstat(pid)[0] / 1e9
     ticks = tick_cpu_seconds(pid)
     return ticks if ticks - ran > EXITED_SLACK_SECONDS else ran
-
-
-# utime + stime trail the threads' run time by up to a tick or two (they are truncated)
-EXITED_SLACK_SECONDS = 0.03
 
 
 def tick_cpu_seconds(pid: int) -> float:

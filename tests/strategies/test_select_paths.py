@@ -377,8 +377,9 @@ def test_an_extended_window_is_the_window_select_chooses(
 
 
 def _grown(case: str) -> tuple[WindowContext, WindowContext, Window]:
-    """A previous context whose window keeps everything (a tool unit, a stored stub among
-    it), and the next turn's context grown from it in one way: (next, previous, window)."""
+    """A previous context whose window keeps everything (tool units, the oldest result
+    large enough to compress), and the next turn's context grown from it in one way:
+    (next, previous, window)."""
     older = [user("q1", tokens=40), assistant(None, tool_calls=["c1"], tokens=20),
              tool("c1", "x " * 400, tokens=400), assistant("a1", tokens=40)]
     for n in range(2, 5):  # the first result is not among the three newest: compressible
