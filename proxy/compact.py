@@ -26,7 +26,7 @@ async def compact(services: Services, key: SessionKey) -> dict[str, object]:
     """Plan with the strategy, persist stubs, run each summary; return what changed and the
     refreshed working memory."""
     agent = resolve_agent(services, key.agent)
-    agent, strategy, snapshot = await load_snapshot(services, key, agent, None)
+    agent, strategy, _spec, snapshot = await load_snapshot(services, key, agent, None)
     meta = snapshot.meta
     model = meta.model or agent.definition.llm.model or ""
     context = stored_context(services, agent, snapshot, model)

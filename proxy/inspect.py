@@ -145,7 +145,7 @@ def window_view(
 
 async def inspect_session(services: Services, key: SessionKey) -> dict[str, Any]:
     agent = resolve_agent(services, key.agent)
-    agent, strategy, snapshot = await load_snapshot(services, key, agent, None)
+    agent, strategy, _spec, snapshot = await load_snapshot(services, key, agent, None)
     if not snapshot.exists:
         raise NotFound(
             f"no session {key.session!r} for agent {key.agent!r}", code="session_not_found"

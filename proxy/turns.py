@@ -51,6 +51,8 @@ class Turn:
     key: SessionKey
     agent: ResolvedAgent
     strategy: Strategy
+    # the strategy's load spec under the agent's config (the session cache's slot)
+    spec: LoadSpec
     model: str
     context_window: int
     snapshot: SessionSnapshot
@@ -119,7 +121,7 @@ async def load_snapshot(
     key: SessionKey,
     agent: ResolvedAgent,
     resent: history_sync.Fingerprints | None,
-) -> tuple[ResolvedAgent, Strategy, SessionSnapshot]:
+) -> tuple[ResolvedAgent, Strategy, LoadSpec, SessionSnapshot]:
     """Load with the config known for the agent; reload once if the stored override
     changed the strategy's load spec (an admin edit seen for the first time here)."""
     strategy = get_strategy(agent.config.kind)
@@ -132,7 +134,8 @@ async def load_snapshot(
         new_spec = strategy.load_spec(agent.config)
         if new_spec != spec:
             snapshot = await load_session(services, key, new_spec, resent)
-    return agent, strategy, snapshot
+        spec = new_spec
+    return agent, strategy, spec, snapshot
 
 
 async def load_session(
@@ -211,7 +214,7 @@ async def prepare_turn(
         conversation, history_sync.RESENT if full else None
     )
     resent = fingerprints if full else None
-    agent, strategy, snapshot = await load_snapshot(services, key, agent, resent)
+    agent, strategy, spec, snapshot = await load_snapshot(services, key, agent, resent)
 
     sync = history_sync.plan_sync(mode, conversation, snapshot, retry)
     stored = snapshot.messages
@@ -219,7 +222,6 @@ async def prepare_turn(
         stored = [m for m in stored if m.seq <= sync.keep_through]
         if sync.keep_through and (not stored or stored[-1].seq < sync.keep_through):
             # rewound to before the loaded page: fetch the kept tail (rare)
-            spec = strategy.load_spec(agent.config)
             earlier = await services.store.get_range(
                 key, max(1, sync.keep_through - 2 * spec.limit), sync.keep_through
             )
@@ -275,9 +277,7 @@ async def prepare_turn(
         calibration=meta.calibration or 1.0,
         # this process's own decision for the turn that wrote what was loaded, if it has
         # it: the strategy may extend that window (its checks say whether it can)
-        previous=services.sessions.decision(
-            key, strategy.load_spec(agent.config), meta.version
-        ),
+        previous=services.sessions.decision(key, spec, meta.version),
     )
     window = strategy.select(context)
     context.previous = None  # used: a kept context must not hold every turn before it
@@ -290,6 +290,7 @@ async def prepare_turn(
         key=key,
         agent=agent,
         strategy=strategy,
+        spec=spec,
         model=model,
         context_window=context_window,
         snapshot=snapshot,
@@ -452,7 +453,7 @@ async def persist_turn(
     if not turn.sync.rewind:
         services.sessions.after_append(
             turn.key,
-            turn.strategy.load_spec(turn.agent.config),
+            turn.spec,
             turn.snapshot,
             records,
             write.compressed,

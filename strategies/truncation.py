@@ -10,6 +10,7 @@ recent cuts are remembered (``CutMemory``), bounded by the characters they hold.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import OrderedDict
 
@@ -36,7 +37,14 @@ def message_cap(
     response; on the grid the cut text mostly stays the same from one turn to the next,
     so the remembered cut (and the counter's memory) serves it instead of cutting the
     message again."""
-    raw = round(config.maxMessageRatio * context_window, 6)
+    return _message_cap(config.maxMessageRatio, context_window, calibration)
+
+
+@functools.lru_cache(maxsize=1024)
+def _message_cap(ratio: float, context_window: int, calibration: float) -> tuple[int, int]:
+    # remembered: a turn asks for its session's calibration and the one before (a round
+    # to 6 digits alone costs more than the lookup)
+    raw = round(ratio * context_window, 6)
     cap = int(raw / calibration)
     return cap, cap - cap % max(1, int(raw) // STEADY_GRID)
 
