@@ -155,7 +155,10 @@ def render(r: dict[str, Any]) -> str:
         "",
         f"Machine: {m['cpu']}, {m['memory']}, Python {m['python']}, Linux {m['kernel']}. "
         f"Load average before/after: {r['load_before']} / {r['load_after']}. "
-        f"CPU layout: client (wrk or aiohttp), fake upstream and redis-server on CPU "
+        + (f"Steal over the run (time this machine's CPUs had work but the hypervisor ran "
+           f"other guests): {r['steal_percent']:.1f}% of its CPU time. "
+           if "steal_percent" in r else "")
+        + f"CPU layout: client (wrk or aiohttp), fake upstream and redis-server on CPU "
         f"{r['cpus']['environment']}; the server under test alone on CPU {r['cpus']['server']} "
         "(taskset), so A is measured with the same client and upstream as everything else.",
         "",

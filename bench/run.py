@@ -116,6 +116,13 @@ def loadavg() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
+def cpu_ticks() -> tuple[int, int]:
+    """The machine's steal and total CPU time so far, in ticks (/proc/stat): steal is
+    the time the hypervisor ran other guests while this one had work to run."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    return fields[7], sum(fields)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a short smoke run (~2 min)")
@@ -135,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict = {"command": command, "plan": asdict(plan), "machine": machine(),
                      "load_before": loadavg(), "notes": []}
     started = time.perf_counter()
+    steal_before, total_before = cpu_ticks()
 
     litellm_reason = None
     if args.skip_litellm:
@@ -153,6 +161,10 @@ def main(argv: list[str] | None = None) -> int:
         run.measure(results)
     results["seconds"] = time.perf_counter() - started
     results["load_after"] = loadavg()
+    steal_after, total_after = cpu_ticks()
+    results["steal_percent"] = (
+        100 * (steal_after - steal_before) / max(1, total_after - total_before)
+    )
     (OUT / "results.json").write_text(json.dumps(results, indent=1, default=str))
     Path(args.output).write_text(report.render(results))
     print(f"wrote {args.output} in {results['seconds']:.0f} s", flush=True)
