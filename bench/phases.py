@@ -124,10 +124,11 @@ def added_p50(measured: dict[str, Measured], key: str, pct: str = "p50") -> floa
 
 def throughput(
     targets: list[Target], concurrencies: tuple[int, ...], seconds: float, env_cpus: str | None,
-    rounds: int = 1,
+    rounds: int = 1, between: Callable[[], object] | None = None,
 ) -> dict[int, dict[str, Measured]]:
     """Each concurrency in ``rounds`` rounds, the targets in a rotated order each round (a
-    moment of background load hits one round of each, not one target's only cell)."""
+    moment of background load hits one round of each, not one target's only cell);
+    ``between`` runs after each round."""
     out: dict[int, dict[str, Measured]] = {}
     for concurrency in concurrencies:
         out[concurrency] = {t.key: Measured(t.key) for t in targets}
@@ -137,6 +138,8 @@ def throughput(
                 out[concurrency][target.key].add(*charged(
                     target, lambda t=target, c=concurrency: wrk_run(t, c, seconds, env_cpus)
                 ))
+            if between is not None:
+                between()
     return out
 
 

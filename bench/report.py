@@ -144,6 +144,18 @@ def _profile_lines(key: str, entry: dict[str, Any]) -> list[str]:
     return out
 
 
+def host_speed(speed: dict[str, float] | None) -> str:
+    """The host's speed over the run (bench/hostspeed.py), for the machine line."""
+    if not speed:
+        return ""
+    return (
+        f"Host speed: a fixed loop on the server's CPU took {speed['fastest']:.1f} ms at its "
+        f"fastest, {speed['median']:.1f} ms median and {speed['slowest']:.1f} ms at its slowest "
+        f"({speed['probes']:.0f} probes between measurements: the median "
+        f"{speed['median'] / speed['fastest']:.2f} times the fastest). "
+    )
+
+
 def render(r: dict[str, Any]) -> str:
     m = r["machine"]
     keys = list(r["targets"])
@@ -158,6 +170,7 @@ def render(r: dict[str, Any]) -> str:
         + (f"Steal over the run (time this machine's CPUs had work but the hypervisor ran "
            f"other guests): {r['steal_percent']:.1f}% of its CPU time. "
            if "steal_percent" in r else "")
+        + host_speed(r.get("host_speed"))
         + f"CPU layout: client (wrk or aiohttp), fake upstream and redis-server on CPU "
         f"{r['cpus']['environment']}; the server under test alone on CPU {r['cpus']['server']} "
         "(taskset), so A is measured with the same client and upstream as everything else.",

@@ -27,6 +27,7 @@ import populate
 import report
 import sampling
 import servers
+from hostspeed import HostSpeed
 from load import SessionPool
 from phases import Target
 from servers import LITELLM_VENV, OUT, ROOT, TOOLS_VENV
@@ -159,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     results["cpus"] = {"environment": env_cpus, "server": sut_cpus}
     with Run(plan, env_cpus, sut_cpus, litellm_reason) as run:
         run.measure(results)
+        results["host_speed"] = run.speed.summary()
     results["seconds"] = time.perf_counter() - started
     results["load_after"] = loadavg()
     steal_after, total_after = cpu_ticks()
@@ -196,6 +198,8 @@ class Run:
         self.litellm_reason = litellm_reason
         self.started: list[servers.Server] = []
         self.agents = populate.write_agents(OUT / "agents")
+        # probed at every step and after every throughput round: how fast the host ran
+        self.speed = HostSpeed(sut_cpus)
 
     def __enter__(self) -> Run:
         return self
@@ -221,6 +225,7 @@ class Run:
 
     def step(self, what: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {what}", flush=True)
+        self.speed.probe()
 
     def measure(self, results: dict) -> None:
         plan, env, sut = self.plan, self.env_cpus, self.sut_cpus
@@ -283,7 +288,7 @@ class Run:
         http_only = Target(report.HTTP_ONLY, "C with `x-memory: off`", c_sqlite.url, c_sqlite,
                            headers={"x-memory": "off"})
         tput = phases.throughput([*targets, http_only], CONCURRENCIES, plan.throughput_seconds,
-                                 env, plan.throughput_rounds)
+                                 env, plan.throughput_rounds, between=self.speed.probe)
         results["throughput"] = {c: {k: self.summary(m) for k, m in by.items()}
                                  for c, by in tput.items()}
         results["max_rps"] = {k: phases.max_rps(tput, k) for k in [*by_key, report.HTTP_ONLY]}
