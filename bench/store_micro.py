@@ -41,6 +41,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from servers import schedstat  # stdlib only: it does not touch sys.path
+
 HERE = Path(__file__).resolve().parent
 TESTS = HERE.parent / "tests"
 MODEL = "gpt-4o-mini"
@@ -55,8 +57,6 @@ def _import_path(impl: str | None) -> None:
 
 def _server_cpu_ns(pid: int | None) -> int:
     """CPU time of every thread of ``pid`` in nanoseconds (0 without a pid)."""
-    from servers import schedstat  # bench/, this script's own directory
-
     return 0 if pid is None else schedstat(pid)[0]
 
 
