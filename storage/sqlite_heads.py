@@ -1,5 +1,5 @@
-"""The SQLite store's session heads: each session's meta as the event loop's connection
-last read or wrote it, and each agent's stored config.
+"""The SQLite store's session heads: each session's meta and number as the event loop's
+connection last read or wrote them, and each agent's stored config.
 
 A turn reads its session's meta twice, to load it and to append to it, and decodes it each
 time. While nothing else has written to the database, what this connection last saw is
@@ -26,6 +26,7 @@ from storage.sqlite_prompts import Ids
 from strategies.records import SessionMeta
 
 Decoded = tuple[SessionMeta, int]  # a meta as stored (prompt not read) and its prompt's revision
+Stored = tuple[SessionMeta, int, int]  # the same, and the session's number (sessions.id)
 MAX_SESSIONS = 4096
 _NAMES = [field.name for field in fields(SessionMeta)]
 _META_FIELDS = attrgetter(*_NAMES)
@@ -39,7 +40,7 @@ class Heads:
     def __init__(self, conn: sqlite3.Connection | None, max_sessions: int = MAX_SESSIONS) -> None:
         self.conn = conn  # None: no second connection can write (in memory), nothing kept
         self.max_sessions = max_sessions
-        self._metas: dict[Ids, tuple[tuple[Any, ...], int]] = {}
+        self._metas: dict[Ids, tuple[tuple[Any, ...], int, int]] = {}
         self._configs: dict[str, str | None] = {}
         self._data_version: int | None = None
         self._changes = -1
@@ -67,22 +68,27 @@ class Heads:
             return None
         return config, (SessionMeta(*entry[0]), entry[1])  # type: ignore[return-value]
 
-    def meta(self, ids: Ids) -> Decoded | None:
-        """The session's meta, a new object (after ``check``)."""
+    def meta(self, ids: Ids) -> Stored | None:
+        """The session's meta, a new object, and its number (after ``check``)."""
         entry = self._metas.get(ids)
-        return None if entry is None else (SessionMeta(*entry[0]), entry[1])
+        return None if entry is None else (SessionMeta(*entry[0]), entry[1], entry[2])
 
-    def read(self, ids: Ids, config: str | None, decoded: Decoded | None) -> None:
-        """What a read found (after ``check``; ``decoded`` as ``_decode_meta`` returns it,
-        None for a session not stored)."""
+    def read(
+        self, ids: Ids, config: str | None, decoded: Decoded | None, sid: int | None
+    ) -> None:
+        """What a read found (after ``check``; ``decoded`` as ``_decode_meta`` returns it
+        and the session's number, None for a session not stored)."""
         self._configs[ids[1]] = config
-        if decoded is not None:
-            self._keep(ids, decoded[0], decoded[1])
+        if decoded is not None and sid is not None:
+            self._keep(ids, decoded[0], decoded[1], sid)
 
-    def wrote(self, conn: sqlite3.Connection, ids: Ids, meta: SessionMeta, revision: int) -> None:
-        """An append wrote ``meta`` (its prompt, if any, stored at ``revision``), in the
-        transaction still open: the heads follow the connection's own changes."""
-        self._keep(ids, meta, revision)
+    def wrote(
+        self, conn: sqlite3.Connection, ids: Ids, meta: SessionMeta, revision: int, sid: int
+    ) -> None:
+        """An append wrote ``meta`` (its prompt, if any, stored at ``revision``) of session
+        number ``sid``, in the transaction still open: the heads follow the connection's own
+        changes."""
+        self._keep(ids, meta, revision, sid)
         self._changes = conn.total_changes
 
     def forget(self, sessions: set[Ids]) -> None:
@@ -90,11 +96,11 @@ class Heads:
         for ids in sessions:
             self._metas.pop(ids, None)
 
-    def _keep(self, ids: Ids, meta: SessionMeta, revision: int) -> None:
+    def _keep(self, ids: Ids, meta: SessionMeta, revision: int, sid: int) -> None:
         values = _META_FIELDS(meta)
         if revision:  # as stored: the prompt is in its own table
             values = (*values[:_PROMPT], None, *values[_PROMPT + 1 :])
         self._metas.pop(ids, None)  # to the end: the oldest go first
-        self._metas[ids] = values, revision
+        self._metas[ids] = values, revision, sid
         if len(self._metas) > self.max_sessions:
             del self._metas[next(iter(self._metas))]

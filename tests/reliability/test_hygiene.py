@@ -183,6 +183,10 @@ def session_rows(url: str, session: str) -> list[Any]:
             if "session" in columns:
                 found += connection.execute(
                     f"SELECT * FROM {table} WHERE session = ?", (session,)).fetchall()
+            if "sid" in columns:  # keyed by the session's number: none without a session
+                found += connection.execute(
+                    f"SELECT * FROM {table} WHERE sid NOT IN (SELECT id FROM sessions)"
+                ).fetchall()
         return found
     finally:
         connection.close()

@@ -179,14 +179,14 @@ def test_the_heads_keep_the_latest_sessions_only(tmp_path: Path) -> None:
     try:
         heads = Heads(conn, max_sessions=2)
         heads.check(conn)
-        for name in ("a", "b", "c"):
-            heads.wrote(conn, ("ns", "agent", name), SessionMeta(head_seq=1), 0)
+        for number, name in enumerate(("a", "b", "c"), start=1):
+            heads.wrote(conn, ("ns", "agent", name), SessionMeta(head_seq=1), 0, number)
         assert heads.meta(("ns", "agent", "a")) is None
-        assert heads.meta(("ns", "agent", "c")) == (SessionMeta(head_seq=1), 0)
+        assert heads.meta(("ns", "agent", "c")) == (SessionMeta(head_seq=1), 0, 3)
         # a session's prompt stored at a revision is kept out of its head, as stored
         prompt = [{"role": "system", "content": "hi"}]
-        heads.wrote(conn, ("ns", "agent", "d"), SessionMeta(system_prompt=prompt), 7)
-        assert heads.meta(("ns", "agent", "d")) == (SessionMeta(), 7)
+        heads.wrote(conn, ("ns", "agent", "d"), SessionMeta(system_prompt=prompt), 7, 4)
+        assert heads.meta(("ns", "agent", "d")) == (SessionMeta(), 7, 4)
         # a change the heads were not told about: forgotten
         conn.execute("CREATE TABLE t (x)")
         conn.execute("INSERT INTO t VALUES (1)")
