@@ -119,16 +119,24 @@ async def picture(store: SqliteStore) -> dict[str, object]:
     return seen
 
 
+async def legacy_database(path: Path, *, filled: bool = True) -> dict[str, object]:
+    """A database at ``path`` as written before sessions had numbers: ``fill``ed (or
+    empty) by the store, then rewritten into the old shape. Returns what a reader saw of it."""
+    store = SqliteStore(f"sqlite:///{path}")
+    await store.open()
+    if filled:
+        await fill(store)
+    seen = await picture(store)
+    await store.close()
+    to_legacy(path)
+    return seen
+
+
 async def test_a_database_from_before_numbered_sessions_is_migrated_with_nothing_lost(
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "store.db"
-    store = SqliteStore(f"sqlite:///{path}")
-    await store.open()
-    await fill(store)
-    before = await picture(store)
-    await store.close()
-    to_legacy(path)
+    before = await legacy_database(path)
     assert "sid" not in columns(path, "messages") and "id" not in columns(path, "sessions")
 
     store = SqliteStore(f"sqlite:///{path}")
@@ -162,12 +170,7 @@ async def test_two_processes_opening_an_old_database_at_once_both_serve_it(
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "store.db"
-    store = SqliteStore(f"sqlite:///{path}")
-    await store.open()
-    await fill(store)
-    before = await picture(store)
-    await store.close()
-    to_legacy(path)
+    before = await legacy_database(path)
 
     first, second = SqliteStore(f"sqlite:///{path}"), SqliteStore(f"sqlite:///{path}")
     await asyncio.gather(first.open(), second.open())  # one migrates, the other finds it done
@@ -183,11 +186,7 @@ async def test_an_old_database_with_a_message_without_its_session_is_left_as_it_
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "store.db"
-    store = SqliteStore(f"sqlite:///{path}")
-    await store.open()
-    await fill(store)
-    await store.close()
-    to_legacy(path)
+    await legacy_database(path)
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("DELETE FROM sessions WHERE session = 'other'")  # its message stays
     dump = list(conn.iterdump())
@@ -233,10 +232,7 @@ async def test_a_resent_history_is_matched_without_an_index_on_chains(tmp_path: 
     """A database made by an earlier version loses its index on chains when opened (every
     append paid for it); a resent history is still matched, at the head or deep below it."""
     path = tmp_path / "old.db"
-    store = SqliteStore(f"sqlite:///{path}")
-    await store.open()
-    await store.close()
-    to_legacy(path)
+    await legacy_database(path, filled=False)
     assert "messages_chain" in indexes(path)
     store = SqliteStore(f"sqlite:///{path}")
     await store.open()
