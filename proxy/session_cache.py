@@ -88,7 +88,8 @@ class CachedSession:
     messages: tuple[StoredMessage, ...]
     summaries: tuple[SummaryRecord, ...]
     size: int  # estimated bytes
-    # the strategy's decision for the turn that wrote this version (proxy's own turns)
+    # the strategy's decision for this process's last turn on the session, kept while the
+    # session only grows (turns of another worker or replica caught up on since)
     decision: Decision | None = None
 
 
@@ -115,8 +116,9 @@ class SessionCache:
         return self._entries.get(_slot(key, spec))
 
     def decision(self, key: SessionKey, spec: LoadSpec, version: int) -> Decision | None:
-        """The strategy's decision for the turn that wrote ``version``, if this process
-        made it and still holds the session at that version."""
+        """The strategy's decision for this process's last turn on the session, if it still
+        holds the session at ``version``: the version that turn wrote, or a later one it
+        caught up on (turns of another worker that only appended)."""
         entry = self._entries.get(_slot(key, spec))
         return entry.decision if entry is not None and entry.version == version else None
 
@@ -175,17 +177,23 @@ class SessionCache:
         ):
             self._drop(slot)
             return False
-        messages, size = _within(
-            spec,
-            (*entry.messages, *new),
-            entry.size - decision_bytes(entry.decision) + estimated_bytes(new),
-        )
+        messages, size = _within(spec, (*entry.messages, *new), entry.size + estimated_bytes(new))
+        # The session only grew, so the decision this process kept for its own last turn
+        # still leads the page: a strategy extends it over the same records followed by
+        # new ones, and its own checks refuse what it cannot extend. Not when the limit cut
+        # the page's start (those records are gone).
+        decision = entry.decision
+        if decision is not None and len(messages) < len(entry.messages) + len(new):
+            size -= decision_bytes(decision)
+            decision = None
         self.catch_ups += 1
         snapshot.messages = list(messages)
         snapshot.summaries = list(entry.summaries)
         snapshot.grown = False
         meta = snapshot.meta
-        self._put(slot, CachedSession(meta.version, meta.head_seq, messages, entry.summaries, size))
+        self._put(slot, CachedSession(
+            meta.version, meta.head_seq, messages, entry.summaries, size, decision
+        ))  # fmt: skip
         return True
 
     def after_append(

@@ -275,8 +275,9 @@ async def prepare_turn(
         current_turn_start=start,
         count_tokens=cached_counter(model),
         calibration=meta.calibration or 1.0,
-        # this process's own decision for the turn that wrote what was loaded, if it has
-        # it: the strategy may extend that window (its checks say whether it can)
+        # this process's own decision for its last turn on the session, if it has it and
+        # the session only grew since: the strategy may extend that window (its checks
+        # say whether it can)
         previous=services.sessions.decision(key, spec, meta.version),
     )
     window = strategy.select(context)
