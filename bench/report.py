@@ -373,14 +373,19 @@ def render(r: dict[str, Any]) -> str:
     lines += ["## Workers on Redis", "",
               "`memory-proxy serve --workers N`, not pinned (the workers may use both cores; "
               "wrk, the fake upstream and redis-server share CPU 0 with them). Both servers run "
-              "side by side and are measured in alternation; medians of the rounds (proxy CPU: "
-              "summed over them).", ""]
+              "side by side and are measured in alternation; medians of the rounds (CPU: "
+              "summed over them). *Others* is the CPU wrk, the fake upstream and redis-server "
+              "spent meanwhile, per request; *idle* the share of the machine's CPU time no "
+              "process used.", ""]
     rows = []
     for count, by in r["workers"].items():
         for c, v in by.items():
             rows.append([count, c, f"{v['rps']:,.0f}", f"{v['p50']:.1f} / {v['p99']:.1f} ms",
-                         v["errors"], f"{v['cpu_s']:.1f} s"])
-    lines += _table(["workers", "concurrency", "req/s", "p50 / p99", "errors", "proxy CPU"], rows)
+                         v["errors"], f"{v['cpu_s']:.1f} s", _per_request(v, "cpu_s"),
+                         _per_request(v, "others_cpu_s"),
+                         f"{v['idle_share']:.0%}" if "idle_share" in v else "-"])
+    lines += _table(["workers", "concurrency", "req/s", "p50 / p99", "errors", "proxy CPU",
+                     "proxy CPU / request", "others / request", "idle"], rows)
 
     lines += ["## Profiles", ""]
     for k, entry in r["profiles"].items():
@@ -390,6 +395,13 @@ def render(r: dict[str, Any]) -> str:
     lines += ["## What bounds the unmet targets", ""]
     lines += bounds(r, unmet) or ["Every target is met in this run.", ""]
     return "\n".join(lines)
+
+
+def _per_request(cell: dict[str, Any], key: str) -> str:
+    """CPU seconds summed over a workers cell, per request, in ms ("-" if not recorded)."""
+    if not cell.get("requests") or key not in cell:
+        return "-"
+    return f"{cell[key] / cell['requests'] * 1000:.2f} ms"
 
 
 def native_section(r: dict[str, Any]) -> list[str]:
@@ -484,13 +496,30 @@ def _cpu_bound(r: dict[str, Any]) -> str:
 def _explain(name: str, r: dict[str, Any]) -> str:
     if "workers" in name:
         w = r["workers"]
-        one, two = w[1][32]["cpu_s"], w[2][32]["cpu_s"]
-        return (
+        one, two = w[1][32], w[2][32]
+        text = (
             "the CPU the workers can get. Two workers share the machine's two cores with wrk, "
             "the fake upstream, redis-server and the other processes running; the proxy got "
-            f"{one:.1f} s of CPU in the concurrency-32 cell with one worker and {two:.1f} s "
-            f"with two, so the second worker added {two / one - 1:.0%} more CPU to serve "
-            "with. At concurrency 64: "
+            f"{one['cpu_s']:.1f} s of CPU in the concurrency-32 cell with one worker and "
+            f"{two['cpu_s']:.1f} s with two, so the second worker added "
+            f"{two['cpu_s'] / one['cpu_s'] - 1:.0%} more CPU to serve with. "
+        )
+        if two.get("requests") and one.get("requests") and "others_cpu_s" in two:
+            proxy_one = one["cpu_s"] / one["requests"] * 1000
+            proxy_two = two["cpu_s"] / two["requests"] * 1000
+            others = two["others_cpu_s"] / two["requests"] * 1000
+            cores = r.get("cores") or 2
+            most = cores * 1000 / (proxy_two + others)
+            text += (
+                f"Each request took {proxy_two:.2f} ms of the workers' CPU ({proxy_one:.2f} ms "
+                f"with one worker) and {others:.2f} ms of the others'. At "
+                f"{proxy_two + others:.2f} ms per request, {cores} cores never idle would serve "
+                f"at most {most:,.0f} req/s: {most / one['rps']:.2f}x the one-worker rate, "
+                f"against {two['rps'] / one['rps']:.2f}x measured, with the cores idle "
+                f"{two['idle_share']:.0%} of the time. "
+            )
+        return text + (
+            "At concurrency 64: "
             f"{w[1][64]['rps']:,.0f} -> {w[2][64]['rps']:,.0f} req/s. "
             "Scaling needs cores the load generator and upstream do not use."
         )

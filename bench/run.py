@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import platform
+import resource
 import shlex
 import statistics
 import subprocess
@@ -122,6 +123,18 @@ def cpu_ticks() -> tuple[int, int]:
     the time the hypervisor ran other guests while this one had work to run."""
     fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
     return fields[7], sum(fields)
+
+
+def idle_ticks() -> tuple[int, int]:
+    """The machine's idle (idle + iowait) and total CPU time so far, in ticks."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    return fields[3] + fields[4], sum(fields)
+
+
+def reaped_children_cpu() -> float:
+    """CPU seconds of this process's children that have exited and been waited for (wrk)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -317,6 +330,7 @@ class Run:
         results["native"] = {"C": {"shares": split, "rps": result.rps}}
         results["peak_rss_mb"] = {t.key: t.server.peak_rss_mb() for t in targets}
         results["redis_cpu_s"] = redis.cpu_seconds()
+        results["cores"] = os.cpu_count() or 1
         results["session_cache"] = {key: phases.session_cache_counts(by_key[key].base_url)
                                     for key in ("C", "C'")}
 
@@ -343,7 +357,7 @@ class Run:
         results["big"] = self.many_sessions(upstream, redis.port)
 
         self.step("--workers 1 and 2 on Redis (unpinned)")
-        results["workers"] = self.workers(upstream, redis_url)
+        results["workers"] = self.workers(fake, redis, redis_url)
 
     def summary(self, measured: phases.Measured) -> dict[str, float]:
         return {"p50": measured.p50(), "p99": measured.p99(), "rps": measured.rps(),
@@ -522,9 +536,13 @@ class Run:
             self.stop(server)
         return out
 
-    def workers(self, upstream: str, redis_url: str) -> dict:
+    def workers(self, fake: servers.Server, redis: servers.Server, redis_url: str) -> dict:
         """One and two workers side by side: both servers up at once, measured in
-        alternation over ``plan.rounds`` rounds; medians of the rounds (CPU summed)."""
+        alternation over ``plan.rounds`` rounds; medians of the rounds (CPU summed). Besides
+        the proxy's CPU, each cell charges what the rest of the machine spent on the same
+        requests (wrk, the fake upstream, redis-server) and how long the cores sat idle:
+        what bounds the second worker."""
+        upstream = fake.url + "/v1"
         targets = {}
         for count in (1, 2):
             server = self.start(servers.memory_proxy(
@@ -536,21 +554,27 @@ class Run:
         for _ in range(self.plan.rounds):
             for concurrency in (32, 64):
                 for count, target in targets.items():
+                    others = redis.cpu_seconds() + fake.cpu_seconds() + reaped_children_cpu()
+                    idle, total = idle_ticks()
                     result, cpu, _ = phases.charged(
                         target, lambda t=target, c=concurrency: phases.wrk_run(
                             t, c, self.plan.workers_seconds, self.env_cpus))
+                    idle_after, total_after = idle_ticks()
                     cells[count][concurrency].append(
                         {"rps": result.rps, "p50": result.p50, "p99": result.p99,
-                         "errors": result.errors, "cpu_s": cpu})
+                         "errors": result.errors, "cpu_s": cpu, "requests": result.requests,
+                         "others_cpu_s": redis.cpu_seconds() + fake.cpu_seconds()
+                         + reaped_children_cpu() - others,
+                         "idle_share": (idle_after - idle) / max(1, total_after - total)})
         for target in targets.values():
             self.stop(target.server)
         return {
             count: {
                 concurrency: {
                     **{key: statistics.median(run[key] for run in runs)
-                       for key in ("rps", "p50", "p99")},
-                    "errors": sum(run["errors"] for run in runs),
-                    "cpu_s": sum(run["cpu_s"] for run in runs),
+                       for key in ("rps", "p50", "p99", "idle_share")},
+                    **{key: sum(run[key] for run in runs)
+                       for key in ("errors", "cpu_s", "others_cpu_s", "requests")},
                     "rounds": len(runs),
                 }
                 for concurrency, runs in by.items()
