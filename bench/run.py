@@ -243,7 +243,7 @@ class Run:
     def measure(self, results: dict) -> None:
         plan, env, sut = self.plan, self.env_cpus, self.sut_cpus
         self.step("starting the fake upstream and redis")
-        fake = self.start(servers.fake_upstream(env))
+        fake = self.start(servers.instant_upstream(env))
         upstream = fake.url + "/v1"
         redis = self.start(servers.redis_server(env))
         redis_url = f"redis://127.0.0.1:{redis.port}/0"

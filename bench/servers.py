@@ -218,6 +218,14 @@ def fake_upstream(
     )
 
 
+def instant_upstream(cpus: str | None) -> Server:
+    """The load phases' upstream: the fake's instant replies at the least CPU."""
+    port = free_port()
+    script = str(ROOT / "bench" / "instant_upstream.py")
+    return Server("instant-upstream", [PYTHON, script, "--port", str(port)], port,
+                  ready_path="/v1/models", cpus=cpus)
+
+
 def passthrough(upstream: str, cpus: str | None) -> Server:
     port = free_port()
     script = str(ROOT / "bench" / "passthrough.py")

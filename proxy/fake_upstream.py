@@ -34,7 +34,10 @@ from typing import Any
 import orjson
 import uvicorn
 
-__all__ = ["FakeUpstream", "RecordedRequest", "Reply", "count_tokens_roughly", "echo_reply"]
+__all__ = [
+    "FakeUpstream", "RecordedRequest", "Reply", "count_tokens_roughly", "echo_reply",
+    "instant_reply",
+]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -245,6 +248,17 @@ class _Reply:
         return out
 
 
+def instant_reply(reply: Reply, body: dict[str, Any], prompt_tokens: int) -> tuple[bool, bytes]:
+    """``reply`` (no delays, no cut) to the chat completion request ``body``, all at once:
+    whether it is a stream, and the bytes of the response body (the completion JSON, or
+    every SSE event of the stream, ``data: [DONE]`` included)."""
+    rendered = _Reply(reply, body, prompt_tokens)
+    if body.get("stream") is True:
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        return True, b"".join(rendered.chunks(include_usage))
+    return False, rendered.completion()
+
+
 class FakeUpstream:
     """A recording, scriptable OpenAI-compatible server (pure ASGI), run on loopback.
 
@@ -365,17 +379,15 @@ class FakeUpstream:
             headers = [(b"content-type", reply.content_type.encode())]
             await _respond(send, reply.status, headers, reply.error_body)
             return
-        rendered = _Reply(reply, body, self.count_tokens(body))
-        stream = body.get("stream") is True
-        include_usage = stream and bool((body.get("stream_options") or {}).get("include_usage"))
         if not (reply.first_token_delay > 0 or reply.delay_between_chunks > 0
                 or reply.linger > 0 or reply.cut_after_chunks is not None):
             # instant: one write, no disconnect watcher (the benchmarks' common case)
-            if stream:
-                await _respond(send, 200, _SSE, b"".join(rendered.chunks(include_usage)))
-            else:
-                await _respond(send, 200, _JSON, rendered.completion())
+            stream, data = instant_reply(reply, body, self.count_tokens(body))
+            await _respond(send, 200, _SSE if stream else _JSON, data)
             return
+        rendered = _Reply(reply, body, self.count_tokens(body))
+        stream = body.get("stream") is True
+        include_usage = stream and bool((body.get("stream_options") or {}).get("include_usage"))
         gone = asyncio.Event()
         watcher = asyncio.create_task(_watch_disconnect(receive, gone))
         try:
