@@ -126,12 +126,9 @@ def test_with_and_without_the_cache_the_upstream_sees_the_same_windows(
     assert with_rows == without_rows
 
 
-def test_a_plain_turn_extends_the_window_chosen_for_the_turn_before(
-    make_proxy, fake, agents_dir, monkeypatch
-):
-    """The cache keeps the strategy's decision with each turn it writes; the next turn's
-    window extends it (the calibration moving with every reply), and the upstream sees
-    what a proxy choosing every window anew sends."""
+def extensions(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Every time summarizing_window is handed a kept decision from here on: whether it
+    extended it (True) or chose anew."""
     from strategies.summarizing_window import SummarizingWindowStrategy
 
     extended: list[bool] = []
@@ -143,6 +140,16 @@ def test_a_plain_turn_extends_the_window_chosen_for_the_turn_before(
         return result
 
     monkeypatch.setattr(SummarizingWindowStrategy, "_extended", spy)
+    return extended
+
+
+def test_a_plain_turn_extends_the_window_chosen_for_the_turn_before(
+    make_proxy, fake, agents_dir, monkeypatch
+):
+    """The cache keeps the strategy's decision with each turn it writes; the next turn's
+    window extends it (the calibration moving with every reply), and the upstream sees
+    what a proxy choosing every window anew sends."""
+    extended = extensions(monkeypatch)
     write_agent(agents_dir, "cached", llm={"model": MODEL, "contextWindow": 100_000})
 
     def talk(proxy: RunningProxy, session: str) -> None:
@@ -174,17 +181,7 @@ def test_turns_alternating_between_replicas_extend_each_replica_s_last_window(
     the next window extends it over the other's messages too, and the upstream sees what
     replicas choosing every window anew send. Where the strategy cannot extend (a tool
     unit in between, other settings), it chooses anew."""
-    from strategies.summarizing_window import SummarizingWindowStrategy
-
-    extended: list[bool] = []
-    choose = SummarizingWindowStrategy._extended
-
-    def spy(self, ctx, previous, window):  # type: ignore[no-untyped-def]
-        result = choose(self, ctx, previous, window)
-        extended.append(result is not None)
-        return result
-
-    monkeypatch.setattr(SummarizingWindowStrategy, "_extended", spy)
+    extended = extensions(monkeypatch)
     write_agent(agents_dir, "cached", llm={"model": MODEL, "contextWindow": 100_000})
     tools = [{"type": "function", "function": LOOKUP}]
 
