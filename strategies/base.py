@@ -76,6 +76,9 @@ class Window:
     # trimmed, compressed, truncated or summarized, chosen without a cut. The strategy may
     # extend it at the next turn (``WindowContext.previous``).
     extendable: bool = False
+    # the largest item's tokens, kept with an extendable window so that extending it
+    # checks a lower message cap without a pass over the items (-1: not known)
+    largest_item: int = field(default=-1, compare=False)
 
     @property
     def modified(self) -> bool:

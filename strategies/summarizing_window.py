@@ -211,7 +211,8 @@ class SummarizingWindowStrategy:
             new_stubs=stubs,
             tokens=total,
             notes=notes,
-            extendable=fits and not notes and not ctx.summaries,
+            extendable=(extendable := fits and not notes and not ctx.summaries),
+            largest_item=max(sizes) if extendable else -1,
         )
 
     def _extended(
@@ -245,13 +246,15 @@ class SummarizingWindowStrategy:
         appended = messages[count:]
         context_window, calibration = ctx.context_window, ctx.calibration
         cap, _cut = message_cap(config, context_window, calibration)
+        largest = window.largest_item
         if calibration != previous.calibration:
             if calibration < 0:
                 return None
-            if cap < message_cap(config, context_window, previous.calibration)[0] and (
-                max([item.tokens for item in window.items]) > cap
-            ):
-                return None  # the cap went down: a kept message would be truncated now
+            if cap < message_cap(config, context_window, previous.calibration)[0]:
+                if largest < 0:
+                    largest = max([item.tokens for item in window.items])
+                if largest > cap:
+                    return None  # the cap went down: a kept message would be truncated now
         total = window.tokens
         for message in appended:
             if (
@@ -272,6 +275,7 @@ class SummarizingWindowStrategy:
             summary_placement=config.summaryPlacement,
             tokens=total,
             extendable=True,
+            largest_item=max(largest, *[m.tokens for m in appended]) if largest >= 0 else -1,
         )
 
     def _live(

@@ -374,6 +374,11 @@ def test_an_extended_window_is_the_window_select_chooses(
     ctx = context(current, cfg, **fields)
     extended = STRATEGY.select(dataclasses.replace(ctx, previous=(previous, chosen)))
     assert extended == STRATEGY.select(ctx)
+    # the largest item, kept for the next extension, is the largest one (or not known)
+    for window in (chosen, extended):
+        if window.largest_item >= 0:
+            assert window.extendable
+            assert window.largest_item == max(item.tokens for item in window.items)
 
 
 def _grown(case: str) -> tuple[WindowContext, WindowContext, Window]:
