@@ -40,7 +40,9 @@ class LlmMessageMapper(Protocol):
 
         The window's messages and ``system_prompt`` are shared with later turns (the
         session cache and the store's prompt cache hold them): read them, never change
-        them; the returned messages are the mapper's own."""
+        them. The returned list is the caller's, but the messages in it may be shared
+        too (a record's rendering is kept on it for the turns after): an upstream that
+        changes what it sends copies them first."""
 
 
 class MessageToLlmMessageMapper:
@@ -72,7 +74,7 @@ class MessageToLlmMessageMapper:
             # role), rendered once per record; anything else takes the general path
             message = item.message
             if item.text is None and message.rendered is not None:
-                append(message.rendered.copy())
+                append(message.rendered)
                 continue
             content = item.text if item.text is not None else message.content
             role = message.role
@@ -97,7 +99,7 @@ class MessageToLlmMessageMapper:
             if message.name and role != "tool":
                 sent["name"] = message.name
             if item.text is None:
-                message.rendered = sent.copy()  # the caller's is its own to change
+                message.rendered = sent
             append(sent)
         return system + out
 

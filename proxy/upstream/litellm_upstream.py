@@ -9,6 +9,7 @@ thread, after ``prepare_litellm_env()``.
 from __future__ import annotations
 
 import asyncio
+import copy
 import importlib
 import os
 import warnings
@@ -161,6 +162,10 @@ class LitellmUpstream:
 
     def _kwargs(self, request: UpstreamRequest) -> dict[str, Any]:
         kwargs = {k: v for k, v in request.body.items() if k not in ("stream", "stream_options")}
+        if "messages" in kwargs:
+            # litellm reshapes messages in place for some providers; these are shared with
+            # later turns (the mapper keeps each record's rendering), so it gets its own
+            kwargs["messages"] = copy.deepcopy(kwargs["messages"])
         kwargs["max_retries"] = 0
         kwargs.setdefault("timeout", self.timeout)
         if self.api_base is not None:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import socket
 import time
 from collections.abc import AsyncIterator, Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -359,6 +361,39 @@ async def test_litellm_upstream_completes_and_streams_through_an_openai_compatib
     assert b'"rate_limit_error"' in raised.value.body()
     assert [r.headers["authorization"] for r in fake.requests] == ["Bearer sk-litellm"] * 3
     assert fake.requests[0].body["model"] == "fake-model"
+
+
+async def test_litellm_reshapes_only_its_own_copy_of_the_messages() -> None:
+    """Some of litellm's provider transforms change the messages they are given in place.
+    The messages the proxy sends are shared with later turns (the mapper keeps each
+    record's rendering), so litellm gets a deep copy: the request is as it was."""
+    messages = [
+        {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "done"},
+    ]
+    before = copy.deepcopy(messages)
+    seen: list[list[dict[str, Any]]] = []
+
+    class Reshaping:
+        """litellm's interface as the upstream uses it, changing what it is given."""
+
+        async def acompletion(self, **kwargs: Any) -> Any:
+            seen.append(kwargs["messages"])
+            for message in kwargs["messages"]:
+                message["role"] = "reshaped"
+                message.pop("tool_calls", None)
+                if isinstance(message["content"], list):
+                    message["content"][0]["text"] = "reshaped"
+            return SimpleNamespace(model_dump=lambda: {"choices": []})
+
+    upstream = LitellmUpstream(api_key="sk-litellm")
+    upstream._litellm = Reshaping()
+    response = await upstream.chat(UpstreamRequest({"model": "openai/m", "messages": messages}))
+
+    assert response.status_code == 200 and seen and seen[0][0]["role"] == "reshaped"
+    assert messages == before
 
 
 async def test_litellm_upstream_without_configured_models_answers_404() -> None:

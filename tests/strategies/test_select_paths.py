@@ -547,9 +547,10 @@ def test_the_inline_mapper_matches_map_item_on_random_windows(messages):
     )
 
 
-def test_the_inline_mapper_renders_a_record_once_and_hands_out_copies():
+def test_the_inline_mapper_renders_a_record_once_and_sends_that_rendering_every_turn():
     """A record's rendering is kept between turns (records are shared by the session
-    cache); every turn still gets messages of its own, equal to a fresh rendering."""
+    cache): the next turn sends the same message, equal to a fresh rendering, in a list
+    of its own."""
     window = Window(items=_mapped_items())
     mapping = MappingContext(model="gpt-4o-mini", capabilities=frozenset({"image"}))
     mapper = MessageToLlmMessageMapper()
@@ -557,12 +558,10 @@ def test_the_inline_mapper_renders_a_record_once_and_hands_out_copies():
     kept = [item.message.rendered is not None for item in window.items]
     # plain messages only: not one shrunk by the strategy, a system note, parts, media
     assert kept == [True] * 6 + [False] * 6 + [True, False]
-    for sent in first:
-        sent["content"] = "changed by the caller"
-        sent.pop("tool_calls", None)
     again = mapper.map(window, None, mapping)
-    assert again == _PerItem().map(window, None, mapping)
-    assert all(a is not b for a, b in zip(again, mapper.map(window, None, mapping), strict=True))
+    assert again == first == _PerItem().map(window, None, mapping) and again is not first
+    shared = [a is b for a, b in zip(first, again, strict=True)]
+    assert shared == kept
 
 
 def test_a_record_made_from_another_is_rendered_anew():
