@@ -266,7 +266,8 @@ class Run:
         for server in (passthrough, c_sqlite, c_redis):
             server.wait_ready()
         targets = [
-            Target("A", "client straight to the fake upstream", fake.url, fake),
+            Target("A", "client straight to the fake upstream (bench/instant_upstream.py: the "
+                   "test fake's instant replies, the same bytes, at half its CPU)", fake.url, fake),
             Target("B", "bare pass-through proxy (the Python floor)", passthrough.url,
                    passthrough),
             Target("C", "memory-proxy, embedded SQLite store", c_sqlite.url, c_sqlite,
