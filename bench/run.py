@@ -118,16 +118,22 @@ def loadavg() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
+def _cpu_fields() -> list[int]:
+    """The machine's CPU time so far, in ticks, by kind (the ``cpu`` line of /proc/stat:
+    user, nice, system, idle, iowait, irq, softirq, steal)."""
+    return [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+
+
 def cpu_ticks() -> tuple[int, int]:
-    """The machine's steal and total CPU time so far, in ticks (/proc/stat): steal is
-    the time the hypervisor ran other guests while this one had work to run."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    """The machine's steal and total CPU time so far, in ticks: steal is the time the
+    hypervisor ran other guests while this one had work to run."""
+    fields = _cpu_fields()
     return fields[7], sum(fields)
 
 
 def idle_ticks() -> tuple[int, int]:
     """The machine's idle (idle + iowait) and total CPU time so far, in ticks."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    fields = _cpu_fields()
     return fields[3] + fields[4], sum(fields)
 
 
