@@ -22,18 +22,15 @@ import httptools
 import orjson
 import uvloop
 
-from proxy.fake_upstream import Reply, count_tokens_roughly, echo_reply, instant_reply
+from proxy.fake_upstream import count_tokens_roughly, echo_reply, error_json, instant_reply
 
 MODELS = orjson.dumps({"object": "list", "data": [
     {"id": "fake-model", "object": "model", "created": 0, "owned_by": "fake"}]})
 _JSON = b"application/json"
-_SSE = b"text/event-stream"
 
 
 def _error(status: int, message: str) -> bytes:
-    body = orjson.dumps({"error": {"message": message, "type": "invalid_request_error",
-                                   "param": None, "code": None}})
-    return _response(status, _JSON, body)
+    return _response(status, _JSON, error_json(status, message))
 
 
 def _response(status: int, content_type: bytes, body: bytes) -> bytes:
@@ -53,16 +50,14 @@ def answer(method: bytes, path: bytes, raw: bytes) -> bytes:
     if method == b"GET" and path.endswith(b"/models"):
         return _response(200, _JSON, MODELS)
     if method != b"POST" or not path.endswith(b"/chat/completions"):
-        return _response(404, _JSON, b'{"error": {"message": "no route", "type": '
-                                     b'"not_found_error", "param": null, "code": null}}')
+        return _error(404, f"no route {method.decode()} {path.decode()}")
     try:
         body: Any = orjson.loads(raw)
     except orjson.JSONDecodeError:
         body = None
     if not isinstance(body, dict):
         return _error(400, "body is not a JSON object")
-    reply: Reply = echo_reply(body)
-    stream, data = instant_reply(reply, body, count_tokens_roughly(body))
+    stream, data = instant_reply(echo_reply(body), body, count_tokens_roughly(body))
     return _stream(data) if stream else _response(200, _JSON, data)
 
 

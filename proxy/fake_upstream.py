@@ -36,7 +36,7 @@ import uvicorn
 
 __all__ = [
     "FakeUpstream", "RecordedRequest", "Reply", "count_tokens_roughly", "echo_reply",
-    "instant_reply",
+    "error_json", "instant_reply",
 ]
 
 Scope = MutableMapping[str, Any]
@@ -63,7 +63,8 @@ class _QuietCut(logging.Filter):
 logging.getLogger("uvicorn.error").addFilter(_QuietCut())
 
 
-def _error_json(status: int, message: str) -> bytes:
+def error_json(status: int, message: str) -> bytes:
+    """An OpenAI-shaped error body, its type the one OpenAI gives ``status``."""
     kind = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
             404: "not_found_error", 429: "rate_limit_error"}.get(status, "api_error")
     return orjson.dumps({"error": {"message": message, "type": kind, "param": None,
@@ -126,7 +127,7 @@ class Reply:
     ) -> Reply:
         """An error status; ``body`` defaults to an OpenAI-shaped error."""
         if body is None:
-            raw = _error_json(status, f"fake upstream error {status}")
+            raw = error_json(status, f"fake upstream error {status}")
         else:
             raw = body if isinstance(body, bytes) else (
                 body.encode() if isinstance(body, str) else orjson.dumps(body))
@@ -363,9 +364,9 @@ class FakeUpstream:
             if isinstance(body, dict):
                 await self._chat(body, receive, send)
             else:
-                await _respond(send, 400, _JSON, _error_json(400, "body is not a JSON object"))
+                await _respond(send, 400, _JSON, error_json(400, "body is not a JSON object"))
         else:
-            await _respond(send, 404, _JSON, _error_json(404, f"no route {method} {path}"))
+            await _respond(send, 404, _JSON, error_json(404, f"no route {method} {path}"))
 
     def _next_reply(self, body: dict[str, Any]) -> Reply:
         with self._lock:
