@@ -14,6 +14,7 @@ from strategies.records import (
     AgentInfo,
     AppendResult,
     LoadSpec,
+    LogPage,
     SessionInfo,
     SessionKey,
     SessionSnapshot,
@@ -103,6 +104,24 @@ class Store(Protocol):
 
     async def find_tool_result(self, key: SessionKey, tool_call_id: str) -> StoredMessage | None:
         """The newest tool message answering ``tool_call_id``, if any."""
+
+    async def read_log(self, key: SessionKey, *, after: int = 0, limit: int = 100) -> LogPage:
+        """At most ``limit`` stored messages with ``seq > after``, ascending, superseded ones
+        included (their seqs in ``superseded``): the session's whole record, page by page.
+        ``next_after`` is the last seq returned while later messages exist, else None."""
+
+    async def search_messages(
+        self,
+        key: SessionKey,
+        words: Sequence[str],
+        *,
+        exclude: Sequence[int] = (),
+        limit: int = 5,
+    ) -> list[StoredMessage]:
+        """Active messages of a session whose original content (or tool calls) holds any
+        of ``words`` (case-folded words, see ``storage.search.query_words``), best match
+        first, at most ``limit``; seqs in ``exclude`` are left out. Bounded: SQLite
+        searches its full-text index, Redis the newest ``SEARCH_SCAN`` messages."""
 
     async def set_calibration(self, key: SessionKey, value: float) -> None:
         """Store the session's token-estimate calibration factor."""

@@ -14,6 +14,7 @@ The session parts are described in ``storage/lua/prelude.lua``.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 import time
@@ -35,10 +36,12 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from storage.base import StoreUnavailable
 from storage.codec import message_from_body
 from storage.redis_wire import Command, ScriptWire, bulk, pack
+from storage.search import score, searchable_text
 from strategies.records import (
     AgentInfo,
     AppendResult,
     LoadSpec,
+    LogPage,
     SessionInfo,
     SessionKey,
     SessionMeta,
@@ -51,6 +54,8 @@ from strategies.records import (
 # A stalled Redis must fail a request fast instead of hanging it.
 SOCKET_TIMEOUT = 1.5
 AGENTS = "mp:agents"
+# search_messages scans at most this many of a session's newest active messages
+SEARCH_SCAN = 1000
 SESSION_PARTS = ("meta", "msgs", "active", "users", "stubs", "tools", "summaries", "locks")
 
 
@@ -243,6 +248,47 @@ class RedisStore:
         if not found or found[0] is None:
             return None
         return _decode_messages([found[0]], [found[1]])[0]
+
+    async def read_log(self, key: SessionKey, *, after: int = 0, limit: int = 100) -> LogPage:
+        # seqs run 1..head_seq without gaps (superseded messages keep theirs)
+        last = max(0, after) + max(1, limit)
+        seqs = list(range(max(0, after) + 1, last + 1))
+        meta, msgs, active, stubs = _keys(key, "meta", "msgs", "active", "stubs")
+        with self._errors():
+            pipe = self._redis.pipeline(transaction=True)
+            pipe.hget(meta, "head_seq")
+            pipe.hmget(msgs, seqs)
+            pipe.hmget(stubs, seqs)
+            pipe.zrangebyscore(active, seqs[0], last, withscores=True)
+            head, messages, stub_values, live = await pipe.execute()
+        decoded = _decode_messages(messages, stub_values)
+        kept = {int(seq) for _, seq in _scored(live)}
+        return LogPage(
+            messages=decoded,
+            superseded={m.seq for m in decoded if m.seq not in kept},
+            next_after=last if decoded and last < int(head or 0) else None,
+        )
+
+    async def search_messages(
+        self,
+        key: SessionKey,
+        words: Sequence[str],
+        *,
+        exclude: Sequence[int] = (),
+        limit: int = 5,
+    ) -> list[StoredMessage]:
+        if not words or limit <= 0:
+            return []
+        (active,) = _keys(key, "active")
+        with self._errors():
+            newest = await self._redis.zrevrangebyscore(
+                active, "+inf", "-inf", start=0, num=SEARCH_SCAN, withscores=True
+            )
+        skip = set(exclude)
+        seqs = [int(seq) for _, seq in _scored(newest) if int(seq) not in skip]
+        messages = await self.get_messages(key, seqs)
+        # scoring a thousand messages' text is too long for the event loop
+        return await asyncio.to_thread(_best, messages, words, limit)
 
     async def set_calibration(self, key: SessionKey, value: float) -> None:
         await self._run(SET_META, _keys(key, "meta"), ["calibration", float(value)])
@@ -483,6 +529,14 @@ def _decode_messages(
             data["compressed_content"] = stub.decode()
         decoded.append(StoredMessage.from_dict(data))
     return decoded
+
+
+def _best(
+    messages: Sequence[StoredMessage], words: Sequence[str], limit: int
+) -> list[StoredMessage]:
+    scored = [(score(searchable_text(m), words), m) for m in messages]
+    ranked = sorted((p for p in scored if p[0] > 0), key=lambda p: (-p[0], -p[1].seq))
+    return [m for _, m in ranked[:limit]]
 
 
 def _decode_meta(values: Sequence[bytes | None]) -> SessionMeta:

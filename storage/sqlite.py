@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from storage import sqlite_prompts
+from storage import sqlite_prompts, sqlite_search
 from storage.base import StoreUnavailable
 from storage.codec import message_from_body
 from storage.sqlite_heads import Heads, Stored
@@ -34,6 +34,7 @@ from strategies.records import (
     AgentInfo,
     AppendResult,
     LoadSpec,
+    LogPage,
     SessionInfo,
     SessionKey,
     SessionMeta,
@@ -302,6 +303,39 @@ class SqliteStore:
         )
         return _decode_message(rows[0]) if rows else None
 
+    async def read_log(self, key: SessionKey, *, after: int = 0, limit: int = 100) -> LogPage:
+        def read(conn: sqlite3.Connection) -> LogPage:
+            stored = _read_session(conn, _ids(key))
+            if stored is None:
+                return LogPage([])
+            return sqlite_search.read_log(conn, stored[2], after, max(1, limit))
+
+        return await self._submit(read)
+
+    async def search_messages(
+        self,
+        key: SessionKey,
+        words: Sequence[str],
+        *,
+        exclude: Sequence[int] = (),
+        limit: int = 5,
+    ) -> list[StoredMessage]:
+        def search() -> list[StoredMessage]:
+            conn = self._thread_connection()
+            with _Transaction(conn):
+                stored = _read_session(conn, _ids(key))
+                if stored is None:
+                    return []
+                sqlite_search.catch_up(conn, stored[2])
+            return sqlite_search.search(conn, stored[2], words, exclude, limit)
+
+        if not words or limit <= 0:
+            return []
+        if self._appends:
+            self._write_appends()
+        # on the store's thread: catching up the index of a long session takes a while
+        return await self._on_thread(search)
+
     async def set_calibration(self, key: SessionKey, value: float) -> None:
         def update(conn: sqlite3.Connection) -> None:
             with _Transaction(conn):
@@ -328,6 +362,9 @@ class SqliteStore:
         def delete(conn: sqlite3.Connection) -> bool:
             with _Transaction(conn):
                 # the messages first: they are found by the session's row
+                stored = _read_session(conn, _ids(key))
+                if stored is not None:
+                    sqlite_search.unindex(conn, stored[2])
                 conn.execute(f"DELETE FROM messages WHERE {SESSION}", _ids(key))
                 for table in ("summaries", "locks", "system_prompts"):
                     conn.execute(f"DELETE FROM {table} WHERE {KEY}", _ids(key))
@@ -389,7 +426,7 @@ class SqliteStore:
         conn = _open_connection(
             self.path, busy_timeout_ms=THREAD_BUSY_TIMEOUT_MS, checkpoints=True
         )
-        conn.executescript(SCHEMA + sqlite_prompts.SCHEMA)
+        conn.executescript(SCHEMA + sqlite_prompts.SCHEMA + sqlite_search.SCHEMA)
         _add_activity(conn)
         _number_sessions(conn)
         conn.executescript(ACTIVITY_SCHEMA + INDEX_SCHEMA)

@@ -249,6 +249,17 @@ class AppendResult:
 
 
 @dataclass(slots=True)
+class LogPage:
+    """A page of a session's whole log (``Store.read_log``): every stored message in
+    ``seq`` order, superseded ones included (their seqs in ``superseded``). ``next_after``
+    is the cursor of the next page, None after the last."""
+
+    messages: list[StoredMessage]
+    superseded: set[int] = field(default_factory=set)
+    next_after: int | None = None
+
+
+@dataclass(slots=True)
 class SessionInfo:
     namespace: str
     agent: str

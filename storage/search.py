@@ -1,0 +1,59 @@
+"""Words of stored messages, shared by the backends' ``Store.search_messages``.
+
+SQLite indexes ``searchable_text`` in an FTS5 table and ranks with bm25; Redis scores
+the newest messages of a session here (``score``). Both match the same words: runs of
+letters and digits, case-folded.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+
+from strategies.compression import content_text
+from strategies.records import StoredMessage
+
+__all__ = ["query_words", "score", "searchable_text"]
+
+# letters and digits (no underscore): the words of SQLite FTS5's unicode61 tokenizer
+WORD = re.compile(r"[^\W_]+")
+# a query is cut to this many distinct words (the model writes a few keywords)
+MAX_QUERY_WORDS = 16
+
+
+def searchable_text(message: StoredMessage) -> str:
+    """The text a message is found by: its original content (never a stub) and, for an
+    assistant's tool calls, their names and arguments."""
+    text = content_text(message.content)
+    for call in message.tool_calls or ():
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict):
+            text += f"\n{function.get('name') or ''} {function.get('arguments') or ''}"
+    return text
+
+
+def query_words(query: str) -> list[str]:
+    """The distinct words of a query, case-folded, in order, at most ``MAX_QUERY_WORDS``."""
+    out: list[str] = []
+    for word in WORD.findall(query.casefold()):
+        if word not in out:
+            out.append(word)
+    return out[:MAX_QUERY_WORDS]
+
+
+def score(text: str, words: Sequence[str]) -> float:
+    """How well ``text`` matches ``words`` (0: no word matches): each word found adds
+    one, plus a little for repeats, less in long texts (a rough bm25)."""
+    found = WORD.findall(text.casefold())
+    if not found or not words:
+        return 0.0
+    counts: dict[str, int] = {}
+    for word in found:
+        counts[word] = counts.get(word, 0) + 1
+    total = 0.0
+    for word in words:
+        seen = counts.get(word, 0)
+        if seen:
+            total += 1.0 + math.log1p(seen) / (1.0 + math.log1p(len(found) / 100))
+    return total
