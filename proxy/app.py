@@ -35,6 +35,7 @@ from proxy.session_admin import delete_session
 from proxy.session_cache import SessionCache
 from proxy.settings import Settings
 from proxy.summarizer import CallBudget
+from proxy.transcript import session_transcript
 from proxy.upstream.base import Upstream
 from storage.base import Store
 from storage.parts import load_part_reader
@@ -133,6 +134,7 @@ def routes() -> list[BaseRoute]:
         Route("/metrics", metrics_endpoint, methods=["GET"]),
         Route("/memory/{agent}", list_sessions, methods=["GET"]),
         Route("/memory/{agent}/{session}", session_memory, methods=["GET"]),
+        Route("/memory/{agent}/{session}/transcript", session_transcript, methods=["GET"]),
         # before the /admin mount, which would take every /admin path
         Route(SESSION_PATH, delete_session, methods=["DELETE"]),
         Route(
