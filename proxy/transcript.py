@@ -210,21 +210,34 @@ async def transcript_view(
     }
 
 
-async def session_transcript(request: Request) -> Response:
-    services: Services = request.app.state.services
-    require_admin(request, services.settings)
+def page_params(request: Request) -> tuple[int, int]:
+    """``after`` and ``limit`` of a transcript request (400 when out of range)."""
+    return (
+        int_param(request, "after", 0, 0, 2**62),
+        int_param(request, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT),
+    )
+
+
+async def transcript_response(services: Services, request: Request) -> Response:
+    """A page of the transcript as JSON, or with ``format=jsonl`` the whole export
+    (``/memory/…/transcript`` and the admin API's twin)."""
     form = request.query_params.get("format") or "json"
     if form not in ("json", "jsonl"):
         raise BadRequest("'format' must be json or jsonl", param="format")
+    after, limit = page_params(request)
     key = await requested_session(services, request)
-    if form == "jsonl":
-        record = Record(services, key)
-        await record.open()  # a missing session is a 404 before the stream starts
-        filename = re.sub(r"[^A-Za-z0-9._-]", "_", f"{key.agent}-{key.session}") + ".jsonl"
-        return StreamingResponse(
-            record.lines(), media_type="application/x-ndjson",
-            headers={"content-disposition": f'attachment; filename="{filename}"'},
-        )  # fmt: skip
-    after = int_param(request, "after", 0, 0, 2**62)
-    limit = int_param(request, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
-    return json_response(await transcript_view(services, key, after, limit))
+    if form == "json":
+        return json_response(await transcript_view(services, key, after, limit))
+    record = Record(services, key)
+    await record.open()  # a missing session is a 404 before the stream starts
+    filename = re.sub(r"[^A-Za-z0-9._-]", "_", f"{key.agent}-{key.session}") + ".jsonl"
+    return StreamingResponse(
+        record.lines(), media_type="application/x-ndjson",
+        headers={"content-disposition": f'attachment; filename="{filename}"'},
+    )  # fmt: skip
+
+
+async def session_transcript(request: Request) -> Response:
+    services: Services = request.app.state.services
+    require_admin(request, services.settings)
+    return await transcript_response(services, request)

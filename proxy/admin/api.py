@@ -21,6 +21,7 @@ from proxy.inspect import inspect_session, requested_session
 from proxy.requests import parse_json_object, read_body
 from proxy.responses import json_response, proxy_error_handler
 from proxy.services import Services
+from proxy.transcript import transcript_response
 
 BODY_LIMIT = 1024 * 1024
 Endpoint = Callable[[Request], Awaitable[Response]]
@@ -81,3 +82,9 @@ async def session(request: Request) -> Response:
     services: Services = request.app.state.services
     key = await requested_session(services, request)
     return json_response(await inspect_session(services, key))
+
+
+@admin_api
+async def transcript(request: Request) -> Response:
+    """A page of the transcript, or the JSON lines export (``?format=jsonl``)."""
+    return await transcript_response(request.app.state.services, request)

@@ -1,4 +1,5 @@
-"""The admin HTML pages: agents, agent detail, the edit form, the session working memory.
+"""The admin HTML pages: agents, agent detail, the edit form, the session working memory
+and its transcript.
 
 Every page reads the same data as its JSON twin (``proxy/admin/api.py``). Form posts
 carry the CSRF token; a page without a valid admin token answers 401 with the login form.
@@ -31,6 +32,7 @@ from proxy.inspect import find_session, inspect_session
 from proxy.metrics import inc
 from proxy.requests import read_body
 from proxy.services import Services
+from proxy.transcript import page_params, transcript_view
 
 FORM_LIMIT = 256 * 1024
 Page = Callable[[Request], Awaitable[Response]]
@@ -217,3 +219,23 @@ async def session_page(request: Request) -> Response:
             status_code = exc.status_code
     view = await inspect_session(services, key)
     return render(request, "session.html", {**context, "view": view}, status_code=status_code)
+
+
+@admin_page
+async def transcript_page(request: Request) -> Response:
+    services = services_of(request)
+    agent, session = request.path_params["agent"], request.path_params["session"]
+    after, limit = page_params(request)
+    key = await find_session(services, agent, session, request.query_params.get("namespace"))
+    view = await transcript_view(services, key, after, limit)
+    here = agent_url(agent, "sessions", session, "transcript", namespace=key.namespace)
+    joiner = "&" if "?" in here else "?"
+    # compaction points: a divider after the message that ends each summary's range
+    points: dict[int, list[dict[str, Any]]] = {}
+    for summary in view["summaries"]:
+        points.setdefault(summary["to_seq"], []).append(summary)
+    return render(request, "transcript.html", {
+        "nav": "agents", "view": view, "points": points,
+        "first_url": here if after else None,
+        "next_url": f"{here}{joiner}after={view['next_after']}" if view["next_after"] else None,
+    })

@@ -168,4 +168,17 @@ def test_stored_html_stays_text_and_compact_changes_the_window(
     assert "three questions about memory windows" in page.inner_text("#summaries")
     assert int(page.inner_text("#messages-sent")) < sent_before
     assert page.evaluate("typeof window.__pwned") == "undefined"
+
+    # the Transcript view beside it: every stored message, the summary's point marked
+    page.click("#transcript-tab")
+    page.wait_for_selector("#transcript")
+    assert page.locator('#transcript article[data-seq="1"] .msg-text').inner_text() == ATTACK
+    assert page.locator("#transcript article").count() == 8
+    point = page.locator(".compaction-point")
+    assert point.count() == 1
+    assert point.get_attribute("data-kind") == "summary"
+    point.locator("summary").click()
+    assert "three questions about memory windows" in point.inner_text()
+    assert page.locator("#transcript img, main script").count() == 0
+    assert page.evaluate("typeof window.__pwned") == "undefined"
     assert csp_violations == []

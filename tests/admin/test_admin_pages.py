@@ -19,6 +19,7 @@ PAGES = [
     "/admin/agents/helper",
     "/admin/agents/helper/edit",
     "/admin/agents/helper/sessions/s1",
+    "/admin/agents/helper/sessions/s1/transcript",
 ]
 
 
