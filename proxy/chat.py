@@ -6,8 +6,6 @@ import logging
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-import orjson
-
 from proxy import fetch_tool, history_sync, metrics
 from proxy.after_turn import schedule_after_turn
 from proxy.asgi import (
@@ -21,12 +19,12 @@ from proxy.asgi import (
     send_server_error,
 )
 from proxy.disconnect import unless_disconnected
-from proxy.errors import BadRequest, ProxyError, UpstreamError
+from proxy.errors import BadRequest, ProxyError, UpstreamError, UpstreamReplyError
 from proxy.fetch_stream import FetchStream
 from proxy.identity import client_key, identify
 from proxy.requests import parse_json_object
 from proxy.services import Services
-from proxy.streaming import ReplyAccumulator
+from proxy.streaming import NOT_A_COMPLETION, ReplyAccumulator, add_stream_event, completion_of
 from proxy.turns import Turn, persist_turn, prepare_turn
 from proxy.upstream.base import UpstreamRequest, UpstreamStream
 
@@ -173,32 +171,28 @@ async def forward(
 ) -> BodyReply | StreamReply:
     """With ``receive``, a client that disconnects while the upstream is still thinking
     cancels the call (nothing is stored)."""
-    extra = turn.headers if turn is not None else {}
     if not streaming:
         response = await unless_disconnected(receive, services.upstream.chat(upstream_request))
-        if turn is not None:
-            usage = None
-            if fetch:
-                response, usage = await unless_disconnected(
-                    receive, fetch_tool.complete(services, turn.key, upstream_request, response)
-                )
-            accumulator = ReplyAccumulator()
-            try:
-                accumulator.add_response(orjson.loads(response.body))
-            except (orjson.JSONDecodeError, TypeError, AttributeError):
-                logger.warning("upstream reply is not a chat completion; not stored")
-            else:
-                await finish_turn(
-                    services, turn, accumulator, upstream_request.headers, usage=usage
-                )
-        return BodyReply(response.status_code, response.body, extra)
+        if turn is None:  # a plain pass-through: the upstream's body as it came
+            media_type = response.headers.get("content-type") or "application/json"
+            return BodyReply(response.status_code, response.body, {}, media_type.encode())
+        usage = None
+        if fetch:
+            response, usage = await unless_disconnected(
+                receive, fetch_tool.complete(services, turn.key, upstream_request, response)
+            )
+        accumulator = ReplyAccumulator()
+        # a 200 that is not a completion is the upstream's error, and nothing is stored
+        accumulator.add_response(completion_of(response.body))
+        await finish_turn(services, turn, accumulator, upstream_request.headers, usage=usage)
+        return BodyReply(response.status_code, response.body, turn.headers)
 
     stream = await unless_disconnected(receive, services.upstream.chat_stream(upstream_request))
     if fetch and turn is not None:
         stream = FetchStream(services, turn.key, upstream_request, stream)
     return StreamReply(
         relay(services, stream, turn, client_wants_usage, upstream_request.headers),
-        {**SSE_HEADERS, **extra},
+        {**SSE_HEADERS, **(turn.headers if turn is not None else {})},
     )
 
 
@@ -224,8 +218,7 @@ async def relay(
                         data = event.data
                         if data[:1] == b"{":  # a chunk (the usual event): never [DONE]
                             if turn is not None:
-                                chunk = orjson.loads(data)
-                                accumulator.add_chunk(chunk)
+                                chunk = add_stream_event(accumulator, data)
                                 if (
                                     not client_wants_usage
                                     and chunk.get("usage")
@@ -235,6 +228,10 @@ async def relay(
                         elif event.done:
                             done = True
                             break
+                        elif data and turn is not None:
+                            add_stream_event(accumulator, data)  # junk: raises
+                        elif not event.raw.endswith(b"\n"):
+                            continue  # an unterminated tail (not SSE): not an event
                         out.append(event.raw)
                 except Exception:
                     if out:  # what came before the event that failed still goes out
@@ -246,8 +243,12 @@ async def relay(
                     break
             else:
                 if turn is not None and not accumulator.complete:
+                    if accumulator.message() is None:
+                        raise UpstreamReplyError(f"{NOT_A_COMPLETION} (a stream without a reply)")
                     raise UpstreamCut("upstream stream ended before the reply was complete")
             if turn is not None:
+                if accumulator.message() is None:
+                    raise UpstreamReplyError(f"{NOT_A_COMPLETION} (a stream without a reply)")
                 # after hidden fetch rounds the stored usage is the first round's prompt
                 usage = stream.memory_usage if isinstance(stream, FetchStream) else None
                 await finish_turn(services, turn, accumulator, headers, usage=usage)

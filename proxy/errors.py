@@ -11,6 +11,7 @@ ProxyError
  └── UpstreamError
       ├── UpstreamStatusError (the upstream's own status and body, passed through)
       ├── UpstreamConnectError (502)
+      ├── UpstreamReplyError (502: a 200 that is not a chat completion)
       └── UpstreamTimeout (504)
 """
 
@@ -123,6 +124,14 @@ class UpstreamStatusError(UpstreamError):
 class UpstreamConnectError(UpstreamError):
     status_code = 502
     code = "upstream_unreachable"
+
+
+class UpstreamReplyError(UpstreamError):
+    """The upstream answered 200 with something other than a chat completion: junk, an
+    error object, a completion or stream without a reply."""
+
+    status_code = 502
+    code = "upstream_invalid_reply"
 
 
 class UpstreamTimeout(UpstreamError):

@@ -90,7 +90,7 @@ class Reply:
     content: str | None = "ok"
     calls: tuple[dict[str, Any], ...] = ()  # tool calls, OpenAI-shaped
     status: int = 200
-    error_body: bytes = b""
+    raw_body: bytes | None = None  # answered as it is, whatever the request (``Reply.raw``)
     content_type: str = "application/json"
     finish_reason: str | None = None
     usage: dict[str, int] | None = None
@@ -131,7 +131,16 @@ class Reply:
         else:
             raw = body if isinstance(body, bytes) else (
                 body.encode() if isinstance(body, str) else orjson.dumps(body))
-        return cls(content=None, status=status, error_body=raw, content_type=content_type)
+        return cls.raw(raw, status=status, content_type=content_type)
+
+    @classmethod
+    def raw(
+        cls, body: bytes | str, *, status: int = 200, content_type: str = "application/json"
+    ) -> Reply:
+        """These bytes as the response body, streaming request or not: a 200 that is not a
+        chat completion, a hand-written SSE stream (``content_type="text/event-stream"``)."""
+        raw = body.encode() if isinstance(body, str) else body
+        return cls(content=None, status=status, raw_body=raw, content_type=content_type)
 
     @classmethod
     def stream_cut(cls, after_chunks: int = 2, text: str = "this reply is cut short") -> Reply:
@@ -376,9 +385,9 @@ class FakeUpstream:
 
     async def _chat(self, body: dict[str, Any], receive: Receive, send: Send) -> None:
         reply = self._next_reply(body)
-        if reply.status >= 300:
+        if reply.raw_body is not None:
             headers = [(b"content-type", reply.content_type.encode())]
-            await _respond(send, reply.status, headers, reply.error_body)
+            await _respond(send, reply.status, headers, reply.raw_body)
             return
         if not (reply.first_token_delay > 0 or reply.delay_between_chunks > 0
                 or reply.linger > 0 or reply.cut_after_chunks is not None):

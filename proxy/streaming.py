@@ -1,4 +1,9 @@
-"""Rebuild the assistant message to persist from a streamed (or whole) completion."""
+"""Rebuild the assistant message to persist from a streamed (or whole) completion.
+
+An upstream 200 is a chat completion only when it carries a reply: ``completion_of`` and
+``add_stream_event`` turn junk, an error object and a reply-less completion into
+``UpstreamReplyError`` (502 for the client, nothing stored).
+"""
 
 from __future__ import annotations
 
@@ -6,9 +11,18 @@ from typing import Any
 
 import orjson
 
+from proxy.errors import UpstreamReplyError
 from proxy.upstream.base import SSEEvent
 
-__all__ = ["ReplyAccumulator"]
+__all__ = ["NOT_A_COMPLETION", "ReplyAccumulator", "add_stream_event", "completion_of"]
+
+NOT_A_COMPLETION = "upstream sent a reply that is not a chat completion"
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError("a text delta that is not a string")
+    return value
 
 
 class _ToolCall:
@@ -92,13 +106,13 @@ class ReplyAccumulator:
             if delta:
                 content = delta.get("content")
                 if content:
-                    self._content.append(content)
+                    self._content.append(_text(content))
                 calls = delta.get("tool_calls")
                 if calls:
                     self._add_tool_deltas(calls)
                 refusal = delta.get("refusal")
                 if refusal:
-                    self._refusal.append(refusal)
+                    self._refusal.append(_text(refusal))
             finish_reason = choice.get("finish_reason")
             if finish_reason:
                 self.finish_reason = finish_reason
@@ -121,7 +135,7 @@ class ReplyAccumulator:
                     call.name = name
                 arguments = function.get("arguments")
                 if arguments:
-                    call.arguments.append(arguments)
+                    call.arguments.append(_text(arguments))
 
     def _index_without_index(self, delta: dict[str, Any]) -> int:
         """A few providers omit ``index``: a new id starts a new call, else it continues
@@ -173,3 +187,42 @@ class ReplyAccumulator:
         if self._refusal:
             message["refusal"] = "".join(self._refusal)
         return message
+
+
+def completion_of(body: bytes) -> dict[str, Any]:
+    """The chat completion in an upstream's 200 body: a JSON object whose choice 0 holds a
+    message. Anything else raises ``UpstreamReplyError``."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise UpstreamReplyError(f"{NOT_A_COMPLETION} (not JSON)") from None
+    if not isinstance(data, dict):
+        raise UpstreamReplyError(f"{NOT_A_COMPLETION} (not a JSON object)")
+    if data.get("error"):
+        raise UpstreamReplyError(f"{NOT_A_COMPLETION}: it answered 200 with an error")
+    choices = data.get("choices")
+    first = next(
+        (c for c in choices if isinstance(c, dict) and c.get("index", 0) == 0), None
+    ) if isinstance(choices, list) else None
+    if first is None or not isinstance(first.get("message"), dict):
+        raise UpstreamReplyError(f"{NOT_A_COMPLETION} (no choice with a message)")
+    return data
+
+
+def add_stream_event(accumulator: ReplyAccumulator, data: bytes) -> dict[str, Any]:
+    """Parse one event's data (not ``[DONE]``, not empty) into ``accumulator`` and return
+    the chunk. Junk, an error event or a chunk of the wrong shape raise
+    ``UpstreamReplyError``."""
+    try:
+        chunk = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        chunk = None
+    if not isinstance(chunk, dict):
+        raise UpstreamReplyError(f"{NOT_A_COMPLETION} (a stream event that is not JSON)")
+    if chunk.get("error"):
+        raise UpstreamReplyError(f"{NOT_A_COMPLETION}: it sent an error event in its stream")
+    try:
+        accumulator.add_chunk(chunk)
+    except (AttributeError, TypeError):
+        raise UpstreamReplyError(f"{NOT_A_COMPLETION} (a malformed chunk)") from None
+    return chunk

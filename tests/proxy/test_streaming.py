@@ -362,7 +362,7 @@ async def test_events_that_arrive_together_are_forwarded_together() -> None:
 
 async def test_events_before_a_malformed_one_in_the_same_read_are_still_forwarded() -> None:
     """Forwarding per read keeps what per event did: the events before one that cannot be
-    read are sent, then the stream fails (StreamReply sends the error event)."""
+    read are sent, then the stream ends with an upstream error event."""
     from proxy.chat import relay
 
     good = b'{"id":"c","choices":[{"index":0,"delta":{"content":"a"}}]}'
@@ -372,8 +372,7 @@ async def test_events_before_a_malformed_one_in_the_same_read_are_still_forwarde
     class Turn:  # relay reads the chunks only when a turn is being stored
         pass
 
-    pieces: list[bytes] = []
-    with pytest.raises(orjson.JSONDecodeError):
-        async for piece in relay(None, stream, Turn(), True, {}):
-            pieces.append(piece)
-    assert pieces == [b"data: " + good + b"\n\n"]
+    pieces = [piece async for piece in relay(None, stream, Turn(), True, {})]
+    assert pieces[0] == b"data: " + good + b"\n\n"
+    assert len(pieces) == 2 and pieces[1].startswith(b"data: ")
+    assert orjson.loads(pieces[1][6:])["error"]["code"] == "upstream_invalid_reply"

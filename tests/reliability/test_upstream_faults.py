@@ -179,3 +179,70 @@ def test_a_client_that_goes_away_cancels_the_upstream_within_a_second(
     proxy.drain()
     assert proxy.stored("helper", f"gone-{how}") == []
     report("client disconnect", mode=how, upstream_cancelled_after_seconds=round(lag, 3))
+
+
+NOT_COMPLETIONS = [
+    pytest.param('{"error": {"message": "overloaded", "type": "server_error"}}',
+                 "application/json", id="error-object"),
+    pytest.param('{"foo": 1}', "application/json", id="other-json"),
+    pytest.param('{"id": "c1", "object": "chat.completion", "choices": []}',
+                 "application/json", id="no-choices"),
+    pytest.param("Service is being upgraded, try later", "text/plain", id="plain-text"),
+]
+
+
+@pytest.mark.parametrize(("body", "content_type"), NOT_COMPLETIONS)
+def test_a_200_that_is_not_a_chat_completion_is_an_upstream_error_and_stores_nothing(
+    proxy: RunningProxy, fake: FakeUpstream, body: str, content_type: str
+) -> None:
+    fake.queue(Reply.raw(body, content_type=content_type))
+    response = post(proxy, "junk")
+    assert response.status_code == 502
+    assert response.headers["content-type"] == "application/json"
+    error = response.json()
+    assert is_openai_error(error) and error["error"]["code"] == "upstream_invalid_reply"
+    assert "upstream sent a reply that is not a chat completion" in error["error"]["message"]
+    assert_nothing_stored_and_session_usable(proxy, "junk")
+
+
+def chunk(**fields: Any) -> str:
+    return "data: " + json.dumps({"id": "c1", "object": "chat.completion.chunk", **fields})
+
+
+NOT_STREAMS = [
+    pytest.param('data: {"error": {"message": "overloaded"}}\n\ndata: [DONE]\n\n',
+                 id="only-an-error-event"),
+    pytest.param(f"{chunk(choices=[])}\n\n{chunk(choices=[])}\n\ndata: [DONE]\n\n",
+                 id="empty-choices"),
+    pytest.param(f"{chunk(choices=[{'index': 0, 'delta': {'content': 'half'}}])}\n\n"
+                 'data: {"error": {"message": "overloaded"}}\n\ndata: [DONE]\n\n',
+                 id="an-error-event-mid-stream"),
+    pytest.param("data: hello there\n\ndata: [DONE]\n\n", id="a-text-event"),
+    pytest.param("data: {not json at all\n\ndata: [DONE]\n\n", id="broken-json"),
+    pytest.param(f"{chunk(choices='junk')}\n\ndata: [DONE]\n\n", id="choices-not-a-list"),
+    pytest.param("<html>upgrading</html>", id="not-sse"),
+]
+
+
+@pytest.mark.parametrize("body", NOT_STREAMS)
+def test_a_stream_that_is_not_a_chat_completion_ends_with_an_error_event_and_stores_nothing(
+    proxy: RunningProxy, fake: FakeUpstream, body: str
+) -> None:
+    fake.queue(Reply.raw(body, content_type="text/event-stream"))
+    response = post(proxy, "junk-sse", stream=True)
+    assert_error_event(response, "upstream_invalid_reply")
+    assert "not a chat completion" in json.loads(sse_events(response)[-1])["error"]["message"]
+    assert_nothing_stored_and_session_usable(proxy, "junk-sse")
+
+
+def test_without_memory_a_200_passes_through_with_the_upstreams_own_content_type(
+    proxy: RunningProxy, fake: FakeUpstream
+) -> None:
+    fake.queue(Reply.raw("plain words", content_type="text/plain; charset=utf-8"))
+    response = httpx.post(
+        f"{proxy.url()}/chat/completions", json={"model": "gpt-4o", "messages": HI},
+        headers={"Authorization": f"Bearer {CLIENT_KEY}", "X-Memory": "off"}, timeout=20,
+    )
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "text/plain; charset=utf-8"
+    assert response.text == "plain words"
