@@ -157,7 +157,7 @@ async def inspect_session(services: Services, key: SessionKey) -> dict[str, Any]
     mapping = MappingContext(model=model, capabilities=agent.capabilities(model),
                              current_turn_seq=messages[start].seq if messages else 0)
     # the current turn's media as the model receives them: blocks loaded, tokens counted
-    await parts.load_media(services, messages[start:], mapping)
+    await parts.load_media(services, key, messages[start:], mapping)
     media_tokens = media.current_turn_deltas(messages[start:], mapping, model)
     context = stored_context(
         services, agent, snapshot, model, extra_system_tokens=sum(media_tokens.values())

@@ -18,7 +18,6 @@ in a non-standard ``attachments`` field (a list of names or of ``{"name", "media
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import mimetypes
 from collections.abc import Mapping, Sequence
@@ -39,7 +38,7 @@ from strategies.media_info import (
     sniff_media_type,
     wav_seconds,
 )
-from strategies.records import StoredMessage
+from strategies.records import SessionKey, StoredMessage
 
 MAX_ANNOUNCED = 50
 _AUDIO_TYPES = {"wav": "audio/wav", "mp3": "audio/mpeg"}
@@ -85,6 +84,12 @@ def _extract(
     part: Mapping[str, Any], index: int, blobs: dict[str, PartBlob]
 ) -> tuple[Mapping[str, Any], dict[str, Any]]:
     kind = str(part["type"])
+    if "part" in part:
+        # a stored-part reference is the proxy's own: one sent by a client could name
+        # any digest, another key's media included
+        raise BadRequest(f"messages: content part {index} ({kind}): 'part' is set by"
+                         " memory-proxy, not by clients; send the media itself",
+                         param="messages")
     spec = part.get(kind)
     if not isinstance(spec, Mapping):
         # not a shape the proxy reads: it passes through for the upstream to judge
@@ -174,31 +179,37 @@ def announced_attachments(value: Any) -> list[dict[str, Any]]:
 
 async def load_media(
     services: Services,
+    key: SessionKey,
     current_turn: Sequence[StoredMessage],
     mapping: MappingContext,
     blobs: Mapping[str, PartBlob] | None = None,
 ) -> None:
-    """Store this turn's new parts and read the bytes of the stored parts that travel as
-    blocks into ``mapping.parts``: at most one round trip each, run together; none
-    without media."""
+    """The bytes of the parts that travel as blocks, into ``mapping.parts``: this turn's
+    new parts from ``blobs``, stored ones read for the session ``key`` (one round trip;
+    none without media). New parts are stored with the turn (``store_parts``)."""
     wanted = media.block_digests(current_turn, mapping)
     blobs = blobs or {}
     loaded = {d: (blobs[d].data, blobs[d].media_type) for d in wanted if d in blobs}
     missing = [d for d in wanted if d not in loaded]
-    jobs: list[Any] = []
-    if blobs:
-        rows = [(b.digest, b.data, b.media_type) for b in blobs.values()]
-        jobs.append(services.store.put_parts(rows))
     if missing:
         reader = services.part_reader or StorePartReader(services.store)
-        jobs.append(reader.read_parts(missing))
-    if not jobs:
-        mapping.parts = loaded
+        try:
+            found = await reader.read_parts(key, missing)
+        except StoreUnavailable as exc:
+            raise StoreUnavailableError(f"memory store unavailable: {exc}") from exc
+        loaded.update({d: v for d, v in found.items() if d in missing})
+    mapping.parts = loaded
+
+
+async def store_parts(
+    services: Services, key: SessionKey, blobs: Mapping[str, PartBlob]
+) -> None:
+    """Store a turn's new parts for its session, before the turn's messages that refer to
+    them (a turn that fails stores none)."""
+    if not blobs:
         return
+    rows = [(b.digest, b.data, b.media_type) for b in blobs.values()]
     try:
-        results = await asyncio.gather(*jobs)
+        await services.store.put_parts(key, rows)
     except StoreUnavailable as exc:
         raise StoreUnavailableError(f"memory store unavailable: {exc}") from exc
-    if missing:
-        loaded.update({d: v for d, v in results[-1].items() if d in missing})
-    mapping.parts = loaded

@@ -71,6 +71,8 @@ class Turn:
     settled: bool = False
     # the records written by persist_turn, with their assigned seqs
     appended: list[StoredMessage] = field(default_factory=list)
+    # the bytes of the new records' media parts, stored with the turn
+    blobs: dict[str, parts.PartBlob] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
 
     @property
@@ -264,7 +266,7 @@ async def prepare_turn(
     )
     # media blocks of the current turn: new parts stored, shown ones loaded, their extra
     # tokens budgeted before the strategy selects
-    await parts.load_media(services, messages[start:], mapping, blobs)
+    await parts.load_media(services, key, messages[start:], mapping, blobs)
     media_tokens = media.current_turn_deltas(messages[start:], mapping, model)
     context = WindowContext(
         config=agent.config,
@@ -306,6 +308,7 @@ async def prepare_turn(
         extra_tokens=extra_tokens,
         modified=window.modified,
         settled=bool(media_tokens),
+        blobs=blobs,
     )
 
 
@@ -442,6 +445,7 @@ async def persist_turn(
         ),
         compressed=stubs or None,
     )
+    await parts.store_parts(services, turn.key, turn.blobs)
     try:
         result = await services.store.append_turn(
             turn.key, write, with_others=services.chats_under_way > 1

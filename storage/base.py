@@ -148,15 +148,22 @@ class Store(Protocol):
     async def release_lock(self, key: SessionKey, name: str, token: str) -> None:
         """Release a lock taken with ``token`` (a stale token releases nothing)."""
 
-    async def put_part(self, digest: str, data: bytes, media_type: str) -> None:
-        """Store media bytes once under their content hash (idempotent)."""
+    # Media parts belong to the session that stored them: readable only under its key
+    # (another key's session, another namespace, reads nothing), removed with it by
+    # ``delete_session``.
 
-    async def get_part(self, digest: str) -> tuple[bytes, str] | None:
-        """Bytes and media type of a stored part."""
+    async def put_part(self, key: SessionKey, digest: str, data: bytes, media_type: str) -> None:
+        """Store media bytes once for the session under their content hash (idempotent)."""
 
-    async def put_parts(self, parts: Sequence[tuple[str, bytes, str]]) -> None:
-        """Store many ``(digest, bytes, media type)`` parts once each, in one round trip."""
+    async def get_part(self, key: SessionKey, digest: str) -> tuple[bytes, str] | None:
+        """Bytes and media type of a part the session stored."""
 
-    async def get_parts(self, digests: Sequence[str]) -> dict[str, tuple[bytes, str]]:
-        """Bytes and media type of each stored digest, in one round trip (missing ones
-        are left out)."""
+    async def put_parts(self, key: SessionKey, parts: Sequence[tuple[str, bytes, str]]) -> None:
+        """Store many ``(digest, bytes, media type)`` parts for the session once each, in
+        one round trip."""
+
+    async def get_parts(
+        self, key: SessionKey, digests: Sequence[str]
+    ) -> dict[str, tuple[bytes, str]]:
+        """Bytes and media type of each digest the session stored, in one round trip
+        (missing ones are left out)."""

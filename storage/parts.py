@@ -1,9 +1,11 @@
 """PartContentReader: where the bytes of stored media parts are read back (the host's file
 store).
 
-Media parts are stored once, content-addressed (``sha256:<hex>``), outside the message
-records; a stored message refers to its parts by digest. The proxy reads the bytes of the
-parts that travel as content blocks (current-turn messages only) through this port. The
+Media parts are stored once per session, content-addressed (``sha256:<hex>``), outside
+the message records; a stored message refers to its parts by digest. The proxy reads the
+bytes of the parts that travel as content blocks (current-turn messages only) through this
+port, always with the session they belong to: a part is readable only under the session
+(and so the API key's namespace) that stored it. The
 default, ``StorePartReader``, reads the proxy's own part store (``Store.get_parts``). A
 host with its own file store sets ``Settings.part_reader`` (``MEMORY_PROXY_PART_READER``)
 to the dotted path of a class or factory that is called with the proxy's ``Store`` and
@@ -17,15 +19,19 @@ from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from storage.base import Store
+from strategies.records import SessionKey
 
 
 @runtime_checkable
 class PartContentReader(Protocol):
     """Reads media parts by content digest."""
 
-    async def read_parts(self, digests: Sequence[str]) -> dict[str, tuple[bytes, str]]:
-        """Bytes and media type of each digest it has; missing digests are left out (the
-        part renders as a placeholder). Raise ``storage.base.StoreUnavailable`` when the
+    async def read_parts(
+        self, key: SessionKey, digests: Sequence[str]
+    ) -> dict[str, tuple[bytes, str]]:
+        """Bytes and media type of each digest it has for the session ``key``; missing
+        digests are left out (the part renders as a placeholder). Never answer with a part
+        of another session's namespace. Raise ``storage.base.StoreUnavailable`` when the
         backing store cannot be reached."""
 
 
@@ -35,10 +41,12 @@ class StorePartReader:
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    async def read_parts(self, digests: Sequence[str]) -> dict[str, tuple[bytes, str]]:
+    async def read_parts(
+        self, key: SessionKey, digests: Sequence[str]
+    ) -> dict[str, tuple[bytes, str]]:
         if not digests:
             return {}
-        return await self.store.get_parts(list(digests))
+        return await self.store.get_parts(key, list(digests))
 
 
 def load_part_reader(path: str | None, store: Store) -> PartContentReader:

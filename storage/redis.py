@@ -7,9 +7,12 @@ The indexes that span sessions live outside that slot and ride in the same write
     mp:agents                    zset agent -> last activity
     mp:agent:<agent>:sessions    zset [namespace, session] (JSON) -> last activity
     mp:agentcfg:<agent>          the admin-saved agent definition (JSON)
-    mp:part:<digest>             media type, newline, bytes
 
-The session parts are described in ``storage/lua/prelude.lua``.
+The session parts are described in ``storage/lua/prelude.lua``; a session's media parts
+are the hash ``mp:{ns:agent:session}:media`` (digest -> media type, newline, bytes), read
+only under that key and deleted with the session. (Versions before kept them in shared
+``mp:part:<digest>`` keys, no longer read: a stored part is only ever sent in its own
+turn.)
 """
 
 from __future__ import annotations
@@ -56,7 +59,9 @@ SOCKET_TIMEOUT = 1.5
 AGENTS = "mp:agents"
 # search_messages scans at most this many of a session's newest active messages
 SEARCH_SCAN = 1000
-SESSION_PARTS = ("meta", "msgs", "active", "users", "stubs", "tools", "summaries", "locks")
+SESSION_PARTS = (
+    "meta", "msgs", "active", "users", "stubs", "tools", "summaries", "locks", "media"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -356,37 +361,33 @@ class RedisStore:
     async def release_lock(self, key: SessionKey, name: str, token: str) -> None:
         await self._run(LOCK_RELEASE, _keys(key, "locks"), [name, token])
 
-    async def put_part(self, digest: str, data: bytes, media_type: str) -> None:
-        with self._errors():
-            await self._redis.set(_part_key(digest), media_type.encode() + b"\n" + data, nx=True)
+    async def put_part(self, key: SessionKey, digest: str, data: bytes, media_type: str) -> None:
+        await self.put_parts(key, [(digest, data, media_type)])
 
-    async def get_part(self, digest: str) -> tuple[bytes, str] | None:
-        with self._errors():
-            raw = cast("bytes | None", await self._redis.get(_part_key(digest)))
-        if raw is None:
-            return None
-        media_type, _, data = raw.partition(b"\n")
-        return data, media_type.decode()
+    async def get_part(self, key: SessionKey, digest: str) -> tuple[bytes, str] | None:
+        return (await self.get_parts(key, [digest])).get(digest)
 
-    async def put_parts(self, parts: Sequence[tuple[str, bytes, str]]) -> None:
+    async def put_parts(self, key: SessionKey, parts: Sequence[tuple[str, bytes, str]]) -> None:
         if not parts:
             return
-        # part keys live outside any session's hash tag: a non-transactional pipeline,
-        # each SET NX on its own key (content-addressed, so a retry is harmless)
+        # content-addressed within the session: HSETNX, so a retry is harmless
+        (media,) = _keys(key, "media")
         with self._errors():
             async with self._redis.pipeline(transaction=False) as pipe:
                 for digest, data, media_type in parts:
-                    pipe.set(_part_key(digest), media_type.encode() + b"\n" + data, nx=True)
+                    pipe.hsetnx(media, digest, media_type.encode() + b"\n" + data)
                 await pipe.execute()
 
-    async def get_parts(self, digests: Sequence[str]) -> dict[str, tuple[bytes, str]]:
+    async def get_parts(
+        self, key: SessionKey, digests: Sequence[str]
+    ) -> dict[str, tuple[bytes, str]]:
         if not digests:
             return {}
         with self._errors():
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for digest in digests:
-                    pipe.get(_part_key(digest))
-                values = await pipe.execute()
+            values = cast(
+                "list[bytes | None]",
+                await self._redis.hmget(_keys(key, "media")[0], list(digests)),
+            )
         found: dict[str, tuple[bytes, str]] = {}
         for digest, raw in zip(digests, values, strict=True):
             if raw is not None:
@@ -460,9 +461,6 @@ def _sessions_key(agent: str) -> str:
 def _agent_config_key(agent: str) -> str:
     return f"mp:agentcfg:{agent}"
 
-
-def _part_key(digest: str) -> str:
-    return f"mp:part:{digest}"
 
 
 def _scored(reply: Any) -> list[tuple[bytes, float]]:

@@ -108,8 +108,10 @@ CREATE TABLE IF NOT EXISTS locks (
     name TEXT NOT NULL, token TEXT NOT NULL, expires_at REAL NOT NULL,
     PRIMARY KEY (namespace, agent, session, name)
 );
-CREATE TABLE IF NOT EXISTS parts (
-    digest TEXT PRIMARY KEY, media_type TEXT NOT NULL, data BLOB NOT NULL
+CREATE TABLE IF NOT EXISTS session_parts (
+    namespace TEXT NOT NULL, agent TEXT NOT NULL, session TEXT NOT NULL,
+    digest TEXT NOT NULL, media_type TEXT NOT NULL, data BLOB NOT NULL,
+    PRIMARY KEY (namespace, agent, session, digest)
 );
 """
 
@@ -366,7 +368,7 @@ class SqliteStore:
                 if stored is not None:
                     sqlite_search.unindex(conn, stored[2])
                 conn.execute(f"DELETE FROM messages WHERE {SESSION}", _ids(key))
-                for table in ("summaries", "locks", "system_prompts"):
+                for table in ("summaries", "locks", "system_prompts", "session_parts"):
                     conn.execute(f"DELETE FROM {table} WHERE {KEY}", _ids(key))
                 existed = conn.execute(f"DELETE FROM sessions WHERE {KEY}", _ids(key)).rowcount
             return existed > 0
@@ -395,27 +397,26 @@ class SqliteStore:
             (*_ids(key), name, token),
         )
 
-    async def put_part(self, digest: str, data: bytes, media_type: str) -> None:
-        await self._execute(
-            "INSERT OR IGNORE INTO parts (digest, media_type, data) VALUES (?, ?, ?)",
-            (digest, media_type, data),
-        )
+    async def put_part(self, key: SessionKey, digest: str, data: bytes, media_type: str) -> None:
+        await self.put_parts(key, [(digest, data, media_type)])
 
-    async def get_part(self, digest: str) -> tuple[bytes, str] | None:
-        rows = await self._execute("SELECT data, media_type FROM parts WHERE digest = ?", (digest,))
-        return (bytes(rows[0][0]), rows[0][1]) if rows else None
+    async def get_part(self, key: SessionKey, digest: str) -> tuple[bytes, str] | None:
+        return (await self.get_parts(key, [digest])).get(digest)
 
-    async def put_parts(self, parts: Sequence[tuple[str, bytes, str]]) -> None:
+    async def put_parts(self, key: SessionKey, parts: Sequence[tuple[str, bytes, str]]) -> None:
         if parts:
-            await self._submit(_put_parts, [(d, t, data) for d, data, t in parts])
+            ids = _ids(key)
+            await self._submit(_put_parts, [(*ids, d, t, data) for d, data, t in parts])
 
-    async def get_parts(self, digests: Sequence[str]) -> dict[str, tuple[bytes, str]]:
+    async def get_parts(
+        self, key: SessionKey, digests: Sequence[str]
+    ) -> dict[str, tuple[bytes, str]]:
         if not digests:
             return {}
         rows = await self._execute(
-            "SELECT digest, data, media_type FROM parts WHERE digest IN"
+            f"SELECT digest, data, media_type FROM session_parts WHERE {KEY} AND digest IN"
             " (SELECT value FROM json_each(?))",
-            (orjson.dumps(list(digests)).decode(),),
+            (*_ids(key), orjson.dumps(list(digests)).decode()),
         )
         return {row[0]: (bytes(row[1]), row[2]) for row in rows}
 
@@ -429,6 +430,7 @@ class SqliteStore:
         conn.executescript(SCHEMA + sqlite_prompts.SCHEMA + sqlite_search.SCHEMA)
         _add_activity(conn)
         _number_sessions(conn)
+        _scope_parts(conn)
         conn.executescript(ACTIVITY_SCHEMA + INDEX_SCHEMA)
         self._thread_conn = conn
 
@@ -748,11 +750,33 @@ def _is_busy(exc: sqlite3.OperationalError) -> bool:
     return "locked" in str(exc) or "busy" in str(exc)
 
 
-def _put_parts(conn: sqlite3.Connection, rows: list[tuple[str, str, bytes]]) -> None:
+def _put_parts(conn: sqlite3.Connection, rows: list[tuple[str, str, str, str, str, bytes]]
+               ) -> None:
     with _Transaction(conn):
         conn.executemany(
-            "INSERT OR IGNORE INTO parts (digest, media_type, data) VALUES (?, ?, ?)", rows
+            "INSERT OR IGNORE INTO session_parts (namespace, agent, session, digest,"
+            " media_type, data) VALUES (?, ?, ?, ?, ?, ?)", rows
         )
+
+
+def _scope_parts(conn: sqlite3.Connection) -> None:
+    """A database from before parts belonged to their sessions: each part of the shared
+    ``parts`` table is copied to every session whose messages refer to it, in one
+    transaction; parts no message refers to are dropped with the old table."""
+    old = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'parts'"
+    if conn.execute(old).fetchone() is None:
+        return
+    with _Transaction(conn):
+        if conn.execute(old).fetchone() is None:  # another process opening the file was first
+            return
+        conn.execute(
+            "INSERT OR IGNORE INTO session_parts (namespace, agent, session, digest,"
+            " media_type, data) SELECT s.namespace, s.agent, s.session, p.digest,"
+            " p.media_type, p.data FROM messages m JOIN sessions s ON s.id = m.sid"
+            " JOIN json_each(m.data, '$.meta.parts') j"
+            " JOIN parts p ON p.digest = json_extract(j.value, '$.digest')"
+        )
+        conn.execute("DROP TABLE parts")
 
 
 class _Transaction:

@@ -1,7 +1,8 @@
 -- Shared by every script (prepended by storage/redis.py).
 -- Key suffixes: meta (hash), msgs (hash seq -> message JSON), active (zset chain scored
 -- by seq: active messages only), users (zset of active user seqs), stubs (hash seq ->
--- compressed_content), tools (hash tool_call_id -> seqs), summaries (list), locks (hash).
+-- compressed_content), tools (hash tool_call_id -> seqs), summaries (list), locks (hash),
+-- media (hash digest -> media type, newline, bytes; written by storage/redis.py).
 
 -- the meta fields a script returns, in SessionMeta's order (storage/redis.py _decode_meta)
 local META = {

@@ -8,14 +8,17 @@ from typing import Any, ClassVar
 
 from storage.parts import StorePartReader
 from strategies.mapper import MessageToLlmMessageMapper
+from strategies.records import SessionKey
 
 
 class RecordingPartReader(StorePartReader):
     asked: ClassVar[list[list[str]]] = []
 
-    async def read_parts(self, digests: Sequence[str]) -> dict[str, tuple[bytes, str]]:
+    async def read_parts(
+        self, key: SessionKey, digests: Sequence[str]
+    ) -> dict[str, tuple[bytes, str]]:
         RecordingPartReader.asked.append(list(digests))
-        return await super().read_parts(digests)
+        return await super().read_parts(key, digests)
 
 
 class RecordingMapper(MessageToLlmMessageMapper):

@@ -41,8 +41,13 @@ def media_types(messages: list[dict]) -> set[str]:
 def stored_part_count(proxy) -> int:
     store = proxy.services.store
     if isinstance(store, SqliteStore):
-        return proxy.call(store._execute("SELECT COUNT(*) FROM parts"))[0][0]
-    return len(proxy.call(store._redis.keys("mp:part:*")))
+        return proxy.call(store._execute("SELECT COUNT(*) FROM session_parts"))[0][0]
+
+    async def count() -> int:
+        keys = await store._redis.keys("mp:*:media")
+        return sum([await store._redis.hlen(key) for key in keys])
+
+    return proxy.call(count())
 
 
 def memory(proxy, agent: str, session: str) -> dict:
@@ -81,7 +86,7 @@ def test_blocks_go_up_on_the_first_turn_and_placeholders_afterwards(make_proxy, 
     assert stored_part_count(proxy) == 2
 
 
-def test_a_part_is_stored_once_across_turns_and_sessions(make_proxy, fake, agents_dir):
+def test_a_part_is_stored_once_per_session_across_turns(make_proxy, fake, agents_dir):
     write_agent(agents_dir, "vision", llm=VISION)
     proxy = make_proxy()
     client = proxy.client("vision", "full")
@@ -95,7 +100,7 @@ def test_a_part_is_stored_once_across_turns_and_sessions(make_proxy, fake, agent
 
     stored = proxy.stored("vision", "full")
     assert [m.role for m in stored] == ["user", "assistant"] * 3
-    assert stored_part_count(proxy) == 2
+    assert stored_part_count(proxy) == 4  # two in each session (a part is its session's)
     # the full-history client resent the data URLs; the model got placeholders
     assert media_types(sent(fake, -2)) == set()
     assert media_types(sent(fake, -1)) == {"image_url", "file"}
@@ -245,3 +250,15 @@ def test_an_invalid_data_url_is_a_400_and_nothing_is_stored(make_proxy, fake, ag
     assert "content part 0 (image_url)" in caught.value.message
     assert fake.chat_requests == []
     assert proxy.stored("vision", "bad") == []
+
+
+def test_a_turn_that_fails_upstream_stores_no_media(make_proxy, fake, agents_dir):
+    write_agent(agents_dir, "vision", llm=VISION)
+    proxy = make_proxy()
+    fake.queue(Reply.error(500))
+    with pytest.raises(openai.InternalServerError):
+        proxy.client("vision", "failed").chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": with_media()}])
+
+    assert proxy.stored("vision", "failed") == []
+    assert stored_part_count(proxy) == 0

@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 from e2e import ADMIN_TOKEN, CLIENT_KEY, RunningProxy, write_agent
+from media_samples import data_url, png
 from redis.asyncio import Redis
 
 from proxy.fake_upstream import FakeUpstream, Reply, echo_reply
@@ -246,6 +247,30 @@ def test_deleting_a_session_leaves_no_key_behind(
     again = httpx.delete(f"{proxy.base}/admin/api/agents/del/sessions/doomed-1", headers=ADMIN)
     assert again.status_code == 404 and again.json()["error"]["code"] == "session_not_found"
     assert httpx.delete(f"{proxy.base}/admin/api/agents/del/sessions/kept-2").status_code == 401
+
+
+def test_deleting_a_session_reclaims_its_media_and_only_its_own(
+    make_proxy: Callable[..., RunningProxy], fake: FakeUpstream, agents_dir: Path,
+    store_url: str,
+) -> None:
+    write_agent(agents_dir, "pics", llm={"model": "gpt-4o", "capabilities": ["image"]})
+    proxy = make_proxy()
+    picture = [{"role": "user", "content": [
+        {"type": "text", "text": "what is this?"},
+        {"type": "image_url", "image_url": {"url": data_url("image/png", png(64, 64))}}]}]
+    for session in ("doomed-pics", "kept-pics"):
+        assert send(proxy, "pics", session, picture).status_code == 200
+    digest = proxy.stored("pics", "doomed-pics")[0].meta["parts"][0]["digest"]
+    store = proxy.services.store
+
+    response = httpx.delete(f"{proxy.base}/admin/api/agents/pics/sessions/doomed-pics",
+                            headers=ADMIN)
+
+    assert response.status_code == 200
+    assert proxy.call(store.get_parts(proxy.key("pics", "doomed-pics"), [digest])) == {}
+    assert leftovers(store_url, "doomed-pics") == []
+    kept = proxy.call(store.get_parts(proxy.key("pics", "kept-pics"), [digest]))
+    assert list(kept) == [digest]
 
 
 def test_a_session_id_shared_by_two_keys_is_deleted_only_by_namespace(

@@ -9,12 +9,14 @@
 from __future__ import annotations
 
 import hmac
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from e2e import ADMIN_TOKEN, RunningProxy
+from e2e import ADMIN_TOKEN, RunningProxy, write_agent
+from media_samples import data_url, png
 from starlette.routing import BaseRoute, Mount, Route
 
 import proxy.auth
@@ -73,6 +75,38 @@ def test_keys_sent_in_provider_key_headers_get_their_own_namespace(
         chat(proxy, None, "hi", path=path, headers=other)
         assert [m["content"] for m in fake.chat_requests[-1].body["messages"]] == ["hi"]
     assert SECRET_OF_A in [m.content for m in proxy.stored("shared", "same", api_key=KEY_A)]
+
+
+@pytest.mark.parametrize("session", ["theirs", "same"])
+def test_a_part_reference_naming_another_keys_media_is_refused_and_reaches_nobody(
+    make_proxy: Callable[..., RunningProxy], fake: FakeUpstream, agents_dir: Path,
+    session: str,
+) -> None:
+    write_agent(agents_dir, "eyes", llm={"model": "gpt-4o", "capabilities": ["image"]})
+    proxy = make_proxy()
+    image = data_url("image/png", png(32, 32))
+    a_url = f"{proxy.base}/agents/eyes/sessions/same/v1/chat/completions"
+    picture = [{"type": "text", "text": SECRET_OF_A},
+               {"type": "image_url", "image_url": {"url": image}}]
+    assert httpx.post(a_url, json={"model": "gpt-4o", "messages": [
+        {"role": "user", "content": picture}]},
+        headers={"Authorization": f"Bearer {KEY_A}"}, timeout=20).status_code == 200
+    ref = proxy.stored("eyes", "same", api_key=KEY_A)[0].content[1]["part"]
+    calls = len(fake.chat_requests)
+
+    forged = [{"type": "text", "text": "what is this?"},
+              {"type": "image_url", "image_url": {"detail": "high"}, "part": ref}]
+    response = httpx.post(
+        f"{proxy.base}/agents/eyes/sessions/{session}/v1/chat/completions",
+        json={"model": "gpt-4o", "messages": [{"role": "user", "content": forged}]},
+        headers={"Authorization": f"Bearer {KEY_B}"}, timeout=20)
+
+    assert response.status_code == 400
+    assert response.json()["error"]["type"] == "invalid_request_error"
+    assert len(fake.chat_requests) == calls  # the upstream saw nothing of it
+    assert proxy.stored("eyes", session, api_key=KEY_B) == []
+    key_b = proxy.key("eyes", session, KEY_B)
+    assert proxy.call(proxy.services.store.get_parts(key_b, [ref["digest"]])) == {}
 
 
 def admin_paths(found: list[BaseRoute], prefix: str = "") -> Iterator[tuple[str, str]]:

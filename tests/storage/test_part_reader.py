@@ -10,13 +10,16 @@ import pytest
 
 from storage.parts import PartContentReader, StorePartReader, load_part_reader
 from storage.sqlite import SqliteStore
+from strategies.records import SessionKey
+
+KEY = SessionKey("ns-1", "agent", "s")
 
 
 class HostFileStore:
     def __init__(self, store: object) -> None:
         self.store = store
 
-    async def read_parts(self, digests):
+    async def read_parts(self, key, digests):
         return {d: (b"from the host", "text/plain") for d in digests}
 
 
@@ -29,12 +32,14 @@ async def test_the_default_reader_reads_the_part_store_in_one_call(tmp_path: Pat
     try:
         data = b"\x89PNG bytes"
         digest = "sha256:" + hashlib.sha256(data).hexdigest()
-        await store.put_parts([(digest, data, "image/png")])
+        await store.put_parts(KEY, [(digest, data, "image/png")])
         reader = load_part_reader(None, store)
 
         assert isinstance(reader, StorePartReader)
-        assert await reader.read_parts([digest, "sha256:missing"]) == {digest: (data, "image/png")}
-        assert await reader.read_parts([]) == {}
+        assert await reader.read_parts(KEY, [digest, "sha256:missing"]) == {
+            digest: (data, "image/png")}
+        assert await reader.read_parts(KEY, []) == {}
+        assert await reader.read_parts(SessionKey("ns-2", "agent", "s"), [digest]) == {}
     finally:
         await store.close()
 
@@ -44,7 +49,7 @@ async def test_a_replacement_is_built_from_its_dotted_path_with_the_store() -> N
     reader = load_part_reader("test_part_reader:HostFileStore", store)
 
     assert isinstance(reader, PartContentReader) and reader.store is store
-    assert await reader.read_parts(["sha256:x"]) == {"sha256:x": (b"from the host",
+    assert await reader.read_parts(KEY, ["sha256:x"]) == {"sha256:x": (b"from the host",
                                                                   "text/plain")}
 
 

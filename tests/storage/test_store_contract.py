@@ -683,28 +683,61 @@ async def test_parts_are_stored_once_by_digest(store: Store) -> None:
     data = bytes(range(256)) + b"\n\x00tail"
     digest = hashlib.sha256(data).hexdigest()
 
-    await store.put_part(digest, data, "image/png")
-    await store.put_part(digest, data, "image/png")
+    await store.put_part(KEY, digest, data, "image/png")
+    await store.put_part(KEY, digest, data, "image/png")
 
-    assert await store.get_part(digest) == (data, "image/png")
-    assert await store.get_part("0" * 64) is None
+    assert await store.get_part(KEY, digest) == (data, "image/png")
+    assert await store.get_part(KEY, "0" * 64) is None
 
 
 async def test_parts_are_written_and_read_in_batches(store: Store) -> None:
     first, second = b"\x89PNG first\n", b"%PDF-1.4 second"
     digests = ["sha256:" + hashlib.sha256(d).hexdigest() for d in (first, second)]
-    await store.put_part(digests[0], first, "image/png")
+    await store.put_part(KEY, digests[0], first, "image/png")
 
-    await store.put_parts([(digests[0], b"ignored: already stored", "image/png"),
-                           (digests[1], second, "application/pdf"),
-                           (digests[1], second, "application/pdf")])
-    await store.put_parts([])
+    await store.put_parts(KEY, [(digests[0], b"ignored: already stored", "image/png"),
+                                (digests[1], second, "application/pdf"),
+                                (digests[1], second, "application/pdf")])
+    await store.put_parts(KEY, [])
 
-    assert await store.get_parts([*digests, "sha256:" + "0" * 64]) == {
+    assert await store.get_parts(KEY, [*digests, "sha256:" + "0" * 64]) == {
         digests[0]: (first, "image/png"),
         digests[1]: (second, "application/pdf"),
     }
-    assert await store.get_parts([]) == {}
+    assert await store.get_parts(KEY, []) == {}
+
+
+@pytest.mark.parametrize("other", [
+    pytest.param(SessionKey("ns-2", KEY.agent, KEY.session), id="another-namespace"),
+    pytest.param(SessionKey(KEY.namespace, KEY.agent, "session-2"), id="another-session"),
+    pytest.param(SessionKey(KEY.namespace, "agent-b", KEY.session), id="another-agent"),
+])
+async def test_a_part_is_readable_only_under_the_session_that_stored_it(
+    store: Store, other: SessionKey
+) -> None:
+    data = b"\x89PNG tenant one's image"
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    await append(store, user("look"))
+    await store.put_parts(KEY, [(digest, data, "image/png")])
+
+    assert await store.get_parts(other, [digest]) == {}
+    assert await store.get_part(other, digest) is None
+    # the same bytes sent in the other session are its own copy
+    await store.put_parts(other, [(digest, data, "image/png")])
+    await store.delete_session(other)
+    assert await store.get_parts(other, [digest]) == {}
+    assert await store.get_parts(KEY, [digest]) == {digest: (data, "image/png")}
+
+
+async def test_deleting_a_session_reclaims_its_parts(store: Store) -> None:
+    data = b"%PDF-1.4 a report"
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    await append(store, user("read this"))
+    await store.put_parts(KEY, [(digest, data, "application/pdf")])
+
+    assert await store.delete_session(KEY) is True
+
+    assert await store.get_parts(KEY, [digest]) == {}
 
 
 async def test_ping_answers(store: Store) -> None:
@@ -743,7 +776,7 @@ async def test_random_turns_and_rewinds_match_a_model_of_the_log(store: Store) -
 
 # --- Redis only --------------------------------------------------------------------------------
 
-INDEX_PREFIXES = (b"mp:agents", b"mp:agent:", b"mp:agentcfg:", b"mp:part:")
+INDEX_PREFIXES = (b"mp:agents", b"mp:agent:", b"mp:agentcfg:")
 
 
 async def all_keys(client: Redis) -> list[bytes]:
@@ -758,7 +791,7 @@ async def test_every_redis_key_of_a_session_carries_its_hash_tag(
     await redis_store.add_summary(KEY, SummaryRecord("compaction", "s", 1, 2))
     await redis_store.acquire_lock(KEY, "compact", 30)
     await redis_store.set_agent_config(KEY.agent, {"name": KEY.agent})
-    await redis_store.put_part("d1", b"bytes", "image/png")
+    await redis_store.put_part(KEY, "d1", b"bytes", "image/png")
 
     keys = await all_keys(redis_client)
     session_keys = [k for k in keys if not k.startswith(INDEX_PREFIXES)]
@@ -775,6 +808,7 @@ async def test_deleting_a_redis_session_leaves_no_key_behind(
     await redis_store.set_compressed(KEY, {3: "stub"})
     await redis_store.add_summary(KEY, SummaryRecord("compaction", "s", 1, 2))
     await redis_store.acquire_lock(KEY, "compact", 30)
+    await redis_store.put_part(KEY, "sha256:d1", b"bytes", "image/png")
 
     await redis_store.delete_session(KEY)
 
