@@ -6,7 +6,7 @@ import logging
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from proxy import fetch_tool, history_sync, metrics
+from proxy import fetch_tool, history_sync, metrics, sync_plan
 from proxy.after_turn import schedule_after_turn
 from proxy.asgi import (
     BodyReply,
@@ -142,7 +142,7 @@ async def chat_completions(services: Services, call: ChatCall) -> BodyReply | St
         system=system,
         conversation=conversation,
         history_header=request_headers.get("x-memory-history"),
-        retry=history_sync.RetryHint.from_headers(request_headers),
+        retry=sync_plan.RetryHint.from_headers(request_headers),
     )
     out = upstream_body(body, turn.messages)
     fetch = fetch_tool.offer(out, turn.agent)

@@ -1,28 +1,26 @@
-"""History sync: which of a request's messages are new to the stored log.
+"""History sync's vocabulary: a request's messages checked, split and fingerprinted.
 
-Full-history clients resend the whole conversation; their messages are matched against
-the stored log by chain hashes of canonical fingerprints (one store round trip). Delta
-clients send only the new turn. A client that rewinds (regenerate, edit) supersedes the
-stored messages after the common prefix: they are kept, never sent again.
+A message's fingerprint is the sha1 of its canonical form; the chain of position i hashes
+the chain before it with the fingerprint, so a resent history is matched against the
+stored log from its start in one store round trip (``Store.load(probe=...)``), or against
+a page held in memory (``match_page``). Where a request meets the stored log elsewhere,
+and what that makes new, is ``proxy/sync_plan.py``.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 
 from proxy.errors import BadRequest
-from strategies.records import SessionSnapshot, StoredMessage, chain_hash
+from strategies.records import StoredMessage, chain_hash
 
-SyncMode = Literal["full", "delta"]
 SYSTEM_ROLES = ("system", "developer")
 CONVERSATION_ROLES = ("user", "assistant", "tool", "system", "developer")
 PLAIN_ROLES = ("user", "assistant", "system", "developer")  # a tuple: a role may be unhashable
-MAX_IDEMPOTENCY_KEY = 255
 
 
 def validate_messages(messages: Any) -> list[dict[str, Any]]:
@@ -232,6 +230,23 @@ class Fingerprints:
             value = self._values[index] = self._fingerprint(self.conversation[index])
         return value
 
+    def matches(self, index: int, stored: StoredMessage) -> bool:
+        """The request's message at ``index`` is the stored message (same canonical form)."""
+        message = self.conversation[index]
+        if _same_text(message, stored):
+            return True
+        content = message.get("content")
+        if message.get("role") != stored.role or (
+            # two texts that differ are two messages (a tool result is stored as capped,
+            # so only its fingerprint tells)
+            type(content) is str
+            and type(stored.content) is str
+            and stored.role != "tool"
+            and content != stored.content
+        ):
+            return False
+        return self[index] == stored.fingerprint
+
     def probe(self) -> list[str]:
         """The chains to match against the stored log (``Store.load(probe=...)``)."""
         fingerprints = [self[i] for i in range(len(self._values))]
@@ -262,15 +277,9 @@ def match_page(resent: Fingerprints, page: Sequence[StoredMessage]) -> tuple[int
     from a page that holds every active message of the session, in order: the longest
     common prefix of the resent conversation and the page. Chains are cumulative over the
     active log, so a probe chain is found exactly when its whole prefix is."""
-    conversation = resent.conversation
-    count = min(len(conversation), len(page))
+    count = min(len(resent.conversation), len(page))
     index = 0
-    while index < count:
-        stored = page[index]
-        if not (
-            _same_text(conversation[index], stored) or resent[index] == stored.fingerprint
-        ):
-            break
+    while index < count and resent.matches(index, page[index]):
         index += 1
     return index, page[index - 1].seq if index else 0
 
@@ -282,130 +291,3 @@ def probe_chains(fingerprints: Sequence[str]) -> list[str]:
         previous = chain_hash(previous, fp)
         chains.append(previous)
     return chains
-
-
-def detect_mode(
-    conversation: Sequence[Mapping[str, Any]],
-    *,
-    agent_mode: str = "auto",
-    header: str | None = None,
-    fingerprinted: bool = False,
-) -> SyncMode:
-    """Per-request header, then the agent's historyMode, then auto-detection: a request
-    holding an assistant message is full-history. A session keyed by fingerprint only
-    exists for clients that resend everything, so it is always full."""
-    for choice in (header, agent_mode):
-        if choice in ("full", "delta"):
-            return choice  # type: ignore[return-value]
-    if fingerprinted:
-        return "full"
-    return "full" if any(m.get("role") == "assistant" for m in conversation) else "delta"
-
-
-@dataclass(slots=True)
-class SyncPlan:
-    """``new`` are the indexes (into the request's conversation) of messages to store;
-    ``keep_through`` is the seq of the last stored message that stays in the conversation
-    (messages after it, up to ``supersede_until``, are superseded when ``rewind``)."""
-
-    mode: SyncMode
-    new: list[int] = field(default_factory=list)
-    rewind: bool = False
-    keep_through: int = 0
-    supersede_until: int = 0
-    # the request's Idempotency-Key, kept on the stored reply to recognize a replay
-    idempotency_key: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class RetryHint:
-    """What a request says about being a retry: the openai SDKs' ``x-stainless-retry-count``
-    (above 0 on a retry) and an ``Idempotency-Key`` (the same on every attempt)."""
-
-    attempt: int = 0
-    key: str | None = None
-
-    @classmethod
-    def from_headers(cls, headers: Mapping[str, str]) -> RetryHint:
-        count = headers.get("x-stainless-retry-count", "")
-        key = headers.get("idempotency-key") or None
-        return cls(
-            attempt=int(count) if count.isdigit() and len(count) < 6 else 0,
-            key=key if key is not None and len(key) <= MAX_IDEMPOTENCY_KEY else None,
-        )
-
-
-def replayed_turn(
-    conversation: Sequence[Mapping[str, Any]], snapshot: SessionSnapshot, retry: RetryHint
-) -> int | None:
-    """A delta that repeats the session's latest turn write, sent again as a retry, is that
-    turn regenerated: returns the seq of the stored copy of its last message.
-
-    A retry is an ``Idempotency-Key`` equal to the one kept on the stored reply or, with no
-    key, a retry count above 0. The stored tail must be exactly these messages and one reply:
-    a retry that lands after another writer's turn is not recognized.
-    """
-    if not conversation or not (retry.key or retry.attempt > 0):
-        return None
-    count = len(conversation)
-    stored = snapshot.messages
-    if len(stored) < count + 1:
-        return None
-    reply, tail = stored[-1], stored[-count - 1 : -1]
-    if reply.role != "assistant" or reply.seq != snapshot.meta.head_seq:
-        return None
-    if tail[0].seq + count != reply.seq:  # one write: consecutive seqs
-        return None
-    if retry.key is not None and reply.meta.get("idempotency_key") != retry.key:
-        return None
-    if [m.fingerprint for m in tail] != [fingerprint(m) for m in conversation]:
-        return None
-    return tail[-1].seq
-
-
-def plan_sync(
-    mode: SyncMode,
-    conversation: Sequence[Mapping[str, Any]],
-    snapshot: SessionSnapshot,
-    retry: RetryHint | None = None,
-) -> SyncPlan:
-    meta = snapshot.meta
-    key = retry.key if retry is not None else None
-    if mode == "delta":
-        replayed = replayed_turn(conversation, snapshot, retry) if retry is not None else None
-        if replayed is not None:
-            # regenerate: the stored input stays, the earlier reply is superseded
-            return SyncPlan(mode, rewind=True, keep_through=replayed,
-                            supersede_until=meta.head_seq, idempotency_key=key)
-        return SyncPlan(mode, new=list(range(len(conversation))), keep_through=meta.head_seq,
-                        idempotency_key=key)
-    matched = snapshot.matched
-    plan = SyncPlan(
-        mode, new=list(range(matched, len(conversation))), keep_through=snapshot.matched_seq,
-        idempotency_key=key,
-    )
-    # anything active after the matched point is history the client no longer has
-    if meta.active_count and snapshot.matched_seq < meta.head_seq:
-        plan.rewind = True
-        plan.supersede_until = meta.head_seq
-    return plan
-
-
-def check_tool_results(
-    conversation: Sequence[Mapping[str, Any]], new: Sequence[int], known_call_ids: set[str]
-) -> None:
-    """A new tool result must answer a call the conversation holds (else providers 400)."""
-    ids = set(known_call_ids)
-    for index, message in enumerate(conversation):
-        for call in message.get("tool_calls") or ():
-            ids.add(call["id"])
-        if (
-            index in new
-            and message.get("role") == "tool"
-            and message.get("tool_call_id") not in ids
-        ):
-            raise BadRequest(
-                f"messages: tool result for unknown tool_call_id {message.get('tool_call_id')!r}",
-                param="messages",
-                code="orphan_tool_result",
-            )

@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from proxy import history_sync, parts, tool_caps
+from proxy import history_sync, parts, sync_plan, tool_caps
 from proxy.agents import ResolvedAgent
 from proxy.errors import StoreUnavailableError
 from proxy.identity import Identity
@@ -56,7 +56,7 @@ class Turn:
     model: str
     context_window: int
     snapshot: SessionSnapshot
-    sync: history_sync.SyncPlan
+    sync: sync_plan.SyncPlan
     system_prompt: list[dict[str, Any]] | None
     system_tokens: int
     system_changed: bool
@@ -178,6 +178,20 @@ async def load_session(
     return snapshot
 
 
+async def read_before(
+    services: Services, key: SessionKey, snapshot: SessionSnapshot, count: int
+) -> list[StoredMessage]:
+    """The active messages just before the loaded page, enough to find where a request of
+    ``count`` messages meets the stored log (``sync_plan.needs_earlier``)."""
+    first = snapshot.messages[0].seq if snapshot.messages else snapshot.meta.head_seq + 1
+    if first <= 1:
+        return []
+    try:
+        return await services.store.get_range(key, max(1, first - 2 * count - 16), first - 1)
+    except StoreUnavailable as exc:
+        raise StoreUnavailableError(f"memory store unavailable: {exc}") from exc
+
+
 async def wait_for_compaction(services: Services, key: SessionKey) -> None:
     """A turn that arrives while this process compacts its session waits (bounded),
     then goes ahead with whatever is stored: the strategy keeps the window safe."""
@@ -199,26 +213,32 @@ async def prepare_turn(
     system: list[dict[str, Any]],
     conversation: list[dict[str, Any]],
     history_header: str | None,
-    retry: history_sync.RetryHint | None = None,
+    retry: sync_plan.RetryHint | None = None,
 ) -> Turn:
     key = SessionKey(identity.namespace, identity.agent, identity.session)
     await wait_for_compaction(services, key)
     agent = resolve_agent(services, identity.agent)
     model = str(body.get("model") or agent.definition.llm.model or "")
-    mode = history_sync.detect_mode(
+    mode = sync_plan.detect_mode(
         conversation,
         agent_mode=agent.definition.historyMode,
         header=history_header,
         fingerprinted=identity.source == "fingerprint",
     )
-    full = mode == "full"
+    resends = mode != "delta"
     fingerprints = history_sync.Fingerprints(
-        conversation, history_sync.RESENT if full else None
+        conversation, history_sync.RESENT if resends else None
     )
-    resent = fingerprints if full else None
-    agent, strategy, spec, snapshot = await load_snapshot(services, key, agent, resent)
+    agent, strategy, spec, snapshot = await load_snapshot(
+        services, key, agent, fingerprints if resends else None
+    )
 
-    sync = history_sync.plan_sync(mode, conversation, snapshot, retry)
+    sync = sync_plan.plan_sync(mode, fingerprints, snapshot, retry)
+    if sync_plan.needs_earlier(fingerprints, snapshot, sync):
+        earlier = await read_before(services, key, snapshot, len(conversation))
+        sync = sync_plan.plan_sync(
+            mode, fingerprints, snapshot, retry, [*earlier, *snapshot.messages]
+        )
     stored = snapshot.messages
     if sync.rewind:
         stored = [m for m in stored if m.seq <= sync.keep_through]
@@ -232,7 +252,7 @@ async def prepare_turn(
         stored = await with_current_turn(services, key, snapshot, stored)
     if any(conversation[i].get("role") == "tool" for i in sync.new):
         known_calls = {c["id"] for m in stored for c in (m.tool_calls or ())}
-        history_sync.check_tool_results(conversation, sync.new, known_calls)
+        sync_plan.check_tool_results(conversation, sync.new, known_calls)
 
     now = time.time()
     blobs: dict[str, parts.PartBlob] = {}
