@@ -53,6 +53,9 @@ class AgentDefinition(BaseModel):
     memoryConfig: dict[str, Any] | None = None
     tools: list[ToolRef] = Field(default_factory=list)
     historyMode: HistoryMode = "auto"
+    # the body's ``user`` keys this agent's sessions (it names a person: every conversation
+    # of one person becomes one session); off unless the agent opts in
+    userAsSession: bool = False
 
 
 class AgentDefinitionError(ValueError):

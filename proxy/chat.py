@@ -25,7 +25,7 @@ from proxy.identity import client_key, identify
 from proxy.requests import parse_json_object
 from proxy.services import Services
 from proxy.streaming import NOT_A_COMPLETION, ReplyAccumulator, add_stream_event, completion_of
-from proxy.turns import Turn, persist_turn, prepare_turn
+from proxy.turns import Turn, persist_turn, prepare_turn, resolve_agent
 from proxy.upstream.base import UpstreamRequest, UpstreamStream
 
 logger = logging.getLogger("memory_proxy.chat")
@@ -134,6 +134,7 @@ async def chat_completions(services: Services, call: ChatCall) -> BodyReply | St
         api_key=client_key(request_headers),
         system=system,
         conversation=conversation,
+        user_as_session=lambda agent: resolve_agent(services, agent).definition.userAsSession,
     )
     turn = await prepare_turn(
         services,

@@ -1,7 +1,10 @@
 """Which agent and session a request belongs to, and whose (the API key's namespace).
 
-Priority (DESIGN.md): path form, headers, body metadata / ``user``, then a fingerprint
-of the agent, the system prompt and the first user message.
+Priority (DESIGN.md, docs/MEMORY.md): the path form; the headers ``X-Session-Id``,
+``X-Session-Affinity`` and the ids agents already send (``SESSION_HEADERS``); the body's
+``metadata.session_id``, then OpenAI's ``prompt_cache_key``; the body's ``user`` only for
+an agent that opts in (``userAsSession``: it names a person, not a conversation); then a
+fingerprint of the agent, the system prompt and the first user message.
 """
 
 from __future__ import annotations
@@ -9,16 +12,28 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from proxy.agents import DEFAULT_AGENT
 from proxy.errors import BadRequest
 
-SessionSource = Literal["path", "header", "metadata", "user", "fingerprint"]
+SessionSource = Literal["path", "header", "metadata", "prompt_cache_key", "user", "fingerprint"]
 # braces would break the Redis hash tag; slashes the path form
 _ID = re.compile(r"^[A-Za-z0-9._:@+=-]{1,128}$")
+# ours first, then the session ids agents send of their own accord, in this order: Claude
+# Code, Codex (both spellings), opencode
+SESSION_HEADERS = (
+    "x-session-id",
+    "x-session-affinity",
+    "x-claude-code-session-id",
+    "session-id",
+    "session_id",
+    "x-opencode-session",
+)
+# the ones a client sets for memory-proxy: a malformed value is the client's error
+OWN_SESSION_HEADERS = ("x-session-id", "x-session-affinity")
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +96,18 @@ def _text_of(message: Mapping[str, Any] | None) -> str:
     return ""
 
 
+def _foreign(value: str) -> str:
+    """An id an agent sends for itself (not for memory-proxy): used as it is when it is a
+    valid session id, else as a hash of it (never refused: the client did nothing wrong)."""
+    if _ID.match(value):
+        return value
+    return "h-" + hashlib.sha256(value.encode()).hexdigest()[:32]
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
 def identify(
     *,
     path_params: Mapping[str, str],
@@ -89,8 +116,11 @@ def identify(
     api_key: str | None,
     system: list[dict[str, Any]],
     conversation: list[dict[str, Any]],
+    user_as_session: Callable[[str], bool] = lambda agent: False,
 ) -> Identity:
-    """Resolve agent and session; raises BadRequest for malformed identifiers."""
+    """Resolve agent and session; raises BadRequest for malformed identifiers.
+    ``user_as_session(agent)``: the agent opted in to keying sessions by the body's
+    ``user``."""
     metadata = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
     assert isinstance(metadata, dict)
 
@@ -104,14 +134,18 @@ def identify(
 
     session: Any
     source: SessionSource
+    header = next((name for name in SESSION_HEADERS if headers.get(name)), None)
     if path_params.get("session"):
         session, source = path_params["session"], "path"
-    elif headers.get("x-session-id") or headers.get("x-session-affinity"):
-        session = headers.get("x-session-id") or headers.get("x-session-affinity")
-        source = "header"
+    elif header is not None:
+        session, source = headers[header], "header"
+        if header not in OWN_SESSION_HEADERS:
+            session = _foreign(session)
     elif metadata.get("session_id"):
         session, source = metadata["session_id"], "metadata"
-    elif isinstance(body.get("user"), str) and body["user"]:
+    elif _text(body.get("prompt_cache_key")):
+        session, source = _foreign(body["prompt_cache_key"]), "prompt_cache_key"
+    elif _text(body.get("user")) and user_as_session(agent):
         session, source = body["user"], "user"
     else:
         first_user = next((m for m in conversation if m.get("role") == "user"), None)

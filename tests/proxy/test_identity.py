@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from e2e import CLIENT_KEY
+from e2e import CLIENT_KEY, write_agent
 
 from proxy.errors import BadRequest
 from proxy.identity import identify, namespace_for
@@ -54,7 +54,26 @@ def ident(path=None, headers=None, body=None, key="k", system=(), conversation=U
             ("ma", "ms", "metadata"),
             id="metadata-next",
         ),
-        pytest.param({}, {}, {"user": "u-42"}, ("default", "u-42", "user"), id="user-as-session"),
+        pytest.param(
+            {},
+            {"x-claude-code-session-id": "3f1c2a9e-77d4-4e0b-9a51-0c3d2b1a0f00",
+             "session_id": "codex"},
+            {"metadata": {"session_id": "ms"}},
+            ("default", "3f1c2a9e-77d4-4e0b-9a51-0c3d2b1a0f00", "header"),
+            id="claude-code-header-before-codex-and-body",
+        ),
+        pytest.param({}, {"session-id": "cx-1", "x-opencode-session": "oc"}, {},
+                     ("default", "cx-1", "header"), id="codex-header"),
+        pytest.param({}, {"session_id": "cx-2"}, {}, ("default", "cx-2", "header"),
+                     id="codex-underscore-header"),
+        pytest.param({}, {"x-opencode-session": "ses_9"}, {"prompt_cache_key": "pk"},
+                     ("default", "ses_9", "header"), id="opencode-header-before-body"),
+        pytest.param({}, {}, {"metadata": {"session_id": "ms"}, "prompt_cache_key": "pk"},
+                     ("default", "ms", "metadata"), id="metadata-before-prompt-cache-key"),
+        pytest.param({}, {}, {"prompt_cache_key": "pk-1", "user": "u"},
+                     ("default", "pk-1", "prompt_cache_key"), id="prompt-cache-key"),
+        pytest.param({}, {}, {"user": "u-42"}, ("default", None, "fingerprint"),
+                     id="user-is-not-a-session-by-default"),
         pytest.param({"agent": "pa"}, {}, {}, ("pa", None, "fingerprint"), id="fingerprint-last"),
     ],
 )
@@ -64,6 +83,29 @@ def test_identification_follows_the_priority_order(path, headers, body, expected
     assert (identity.agent, identity.source) == (agent, source)
     if session is not None:
         assert identity.session == session
+
+
+def test_the_user_field_keys_sessions_only_for_an_agent_that_opts_in():
+    def opted(agent: str) -> bool:
+        return agent == "support"
+
+    body = {"user": "u-42"}
+    chosen = identify(path_params={"agent": "support"}, headers={}, body=body, api_key="k",
+                      system=[], conversation=USER, user_as_session=opted)
+    assert (chosen.session, chosen.source) == ("u-42", "user")
+    other = identify(path_params={"agent": "other"}, headers={}, body=body, api_key="k",
+                     system=[], conversation=USER, user_as_session=opted)
+    assert other.source == "fingerprint"
+
+
+def test_an_id_an_agent_sends_for_itself_is_never_refused():
+    odd = "conversation/42 with spaces"
+    first = ident(headers={"x-claude-code-session-id": odd})
+    assert first.source == "header" and first.session.startswith("h-")
+    assert ident(headers={"x-claude-code-session-id": odd}).session == first.session
+    assert ident(body={"prompt_cache_key": odd}).session == first.session
+    with pytest.raises(BadRequest):
+        ident(headers={"x-session-id": odd})  # ours: a malformed one is the client's error
 
 
 def test_the_fingerprint_depends_on_agent_system_prompt_and_first_user_message():
@@ -115,18 +157,31 @@ def post(proxy, path="/v1", *, messages=USER, headers=None, key=CLIENT_KEY, **bo
     )
 
 
-def test_each_identification_form_reaches_its_session(proxy, fake):
+def test_each_identification_form_reaches_its_session(make_proxy, fake, agents_dir):
+    write_agent(agents_dir, "by-user", userAsSession=True)
+    proxy = make_proxy()
     post(proxy, "/agents/pa/sessions/ps/v1")
     post(proxy, headers={"X-Agent-Id": "ha", "X-Session-Id": "hs"})
     post(proxy, metadata={"agent_id": "ma", "session_id": "ms"})
-    post(proxy, user="u-1")
+    post(proxy, headers={"X-Claude-Code-Session-Id": "cc-1"})
+    post(proxy, headers={"session_id": "codex-1"})
+    post(proxy, prompt_cache_key="pck-1")
+    post(proxy, "/agents/by-user/v1", user="u-1")
+    reply = post(proxy, user="u-2")
     assert len(proxy.stored("pa", "ps")) == 2
     assert len(proxy.stored("ha", "hs")) == 2
     assert len(proxy.stored("ma", "ms")) == 2
-    assert len(proxy.stored("default", "u-1")) == 2
+    assert len(proxy.stored("default", "cc-1")) == 2
+    assert len(proxy.stored("default", "codex-1")) == 2
+    assert len(proxy.stored("default", "pck-1")) == 2
+    assert len(proxy.stored("by-user", "u-1")) == 2
+    # without the opt-in, a person's id is not a conversation
+    assert reply.headers["x-memory-session"].startswith("fp-")
+    assert proxy.stored("default", "u-2") == []
     # our metadata keys are not forwarded (providers reject unknown metadata without store)
     assert all("metadata" not in r.body for r in fake.chat_requests)
-    assert fake.chat_requests[3].body["user"] == "u-1"
+    assert fake.chat_requests[5].body["prompt_cache_key"] == "pck-1"
+    assert fake.chat_requests[6].body["user"] == "u-1"
 
 
 def test_a_full_history_client_without_session_id_continues_by_fingerprint(proxy, fake):
