@@ -33,6 +33,8 @@ from strategies.summary_prompt import SUMMARY_SYSTEM_PROMPT
 from strategies.tokens import count_message
 
 AGENT = "demo-researcher"
+# the closing hint: a base URL that keeps memory (the path form names agent and session)
+NEXT_URL = "http://127.0.0.1:4000/agents/assistant-with-tools/sessions/my-first-session/v1"
 SESSION = "demo"
 API_KEY = "demo-key-no-real-model"
 MODEL = "gpt-4o"
@@ -277,10 +279,10 @@ class Demo:
               f"after a turn passes {ratio:.0%}")
         print("of the context window, and runs after the response: it never delays one.")
         print()
-        print("Next: `memory-proxy serve`, then point any OpenAI client at "
-              "http://127.0.0.1:4000/v1")
-        print("(bundled agents in ./agent-definitions, e.g. "
-              "http://127.0.0.1:4000/agents/assistant-with-tools/sessions/<id>/v1).")
+        print("Next: `memory-proxy serve`, then point any OpenAI client's base URL at")
+        print(f"  {NEXT_URL}")
+        print("one URL per conversation: the agent (bundled ones in ./agent-definitions) and a "
+              "session id of yours.")
 
 
 def evicted_in(messages: list[dict[str, Any]]) -> int:

@@ -56,8 +56,9 @@ def assert_memory_kept(proxy, fake, agent: str, session: str) -> None:
 
 @pytest.fixture
 def agents_sdk():
-    agents = pytest.importorskip("agents")
-    agents.set_tracing_disabled(True)
+    import agents
+
+    agents.set_tracing_disabled(True)  # it would export traces to the internet
     return agents
 
 
@@ -134,11 +135,11 @@ def weather_tool():
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 @pytest.mark.parametrize("checkpointer", [False, True], ids=["no-checkpointer", "checkpointer"])
 def test_a_langgraph_react_agent_keeps_its_memory(proxy, fake, stream, checkpointer):
-    prebuilt = pytest.importorskip("langgraph.prebuilt")
     from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.prebuilt import create_react_agent
 
     session = f"lg-{stream}-{checkpointer}"
-    graph = prebuilt.create_react_agent(
+    graph = create_react_agent(
         langchain_model(proxy, session, streaming=stream), [weather_tool()],
         prompt="You are terse.", checkpointer=InMemorySaver() if checkpointer else None,
     )

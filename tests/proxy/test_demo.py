@@ -54,6 +54,9 @@ def test_the_demo_shows_eviction_fetch_and_compaction_turn_by_turn(capsys):
               for n in (compacted[0], compacted[0] + 1)]
     assert window[1] < window[0]
     assert "memory-proxy serve" in output
+    # the hint names a base URL that keeps memory: the path form, with a session
+    hint = re.search(r"http://127\.0\.0\.1:4000/\S+", output.split("Next:")[1]).group(0)
+    assert re.fullmatch(r"http://127\.0\.0\.1:4000/agents/[\w-]+/sessions/[\w-]+/v1", hint)
 
 
 def test_the_demo_runs_in_a_fresh_process_without_keys_or_litellm(tmp_path):
