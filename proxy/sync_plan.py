@@ -185,7 +185,9 @@ def plan_sync(
     if snapshot.matched >= meta.active_count:
         return continuing(snapshot.matched)  # the whole stored log resent, from its start
     tail = tail_overlap(fingerprints, page)
-    index, run = resent_run(fingerprints, page)
+    # a client that resends its whole history resends it from the start: a run found in
+    # the middle is a trimming client's
+    index, run = resent_run(fingerprints, page) if mode != "full" else (0, 0)
     if tail and tail >= max(run, snapshot.matched):
         return continuing(tail)
     if snapshot.matched and snapshot.matched >= run:
@@ -198,21 +200,31 @@ def plan_sync(
     return continuing(0)
 
 
+def earlier_span(count: int) -> int:
+    """How many seqs before the page are read for a request of ``count`` messages: its
+    own length (a tail overlap) and room for a rewind a few turns back."""
+    return 4 * count + 64
+
+
 def needs_earlier(
     fingerprints: Fingerprints, snapshot: SessionSnapshot, plan: SyncPlan
 ) -> bool:
-    """The page may be too short to see where a request that resends history meets the
-    stored log (a page that starts after a compaction boundary, a trimming client's long
-    request): the caller reads further back and plans again."""
+    """The loaded page may be too short to see where a request that resends history meets
+    the stored log: the caller reads the messages before it and plans again. Only a tail
+    continuation the page could hold whole is settled by the page (the common cases: a
+    hybrid client's tool round, a trimming client's last messages); a rewind, a request
+    that meets nothing on the page, or one longer than the page is read further back."""
     conversation = fingerprints.conversation
     page = snapshot.messages
-    return (
-        not (plan.rewind and plan.mode == "delta")  # a retry's replay, found on the page
-        and snapshot.matched < snapshot.meta.active_count
-        and len(page) < snapshot.meta.active_count
-        and len(conversation) > len(page)
-        and any(m.get("role") == "assistant" for m in conversation)
-    )
+    active = snapshot.meta.active_count
+    if plan.rewind and plan.mode == "delta":  # a retry's replay, found on the page
+        return False
+    if snapshot.matched >= active or len(page) >= active:
+        return False
+    if plan.mode != "full" and not any(m.get("role") == "assistant" for m in conversation):
+        return False  # a user-only request resends nothing, unless declared full-history
+    continued = not plan.rewind and len(plan.new) < len(conversation)
+    return not continued or len(conversation) > len(page)
 
 
 def check_tool_results(

@@ -186,8 +186,9 @@ async def read_before(
     first = snapshot.messages[0].seq if snapshot.messages else snapshot.meta.head_seq + 1
     if first <= 1:
         return []
+    low = max(1, first - sync_plan.earlier_span(count))
     try:
-        return await services.store.get_range(key, max(1, first - 2 * count - 16), first - 1)
+        return await services.store.get_range(key, low, first - 1)
     except StoreUnavailable as exc:
         raise StoreUnavailableError(f"memory store unavailable: {exc}") from exc
 

@@ -143,3 +143,50 @@ def test_a_rewind_of_a_trimming_client_still_supersedes(proxy, fake):
         *history[-4:-2], {"role": "user", "content": "q3 edited"}])
     assert [m.content for m in proxy.stored("helper", "trim-rewind")] == [
         "q0", "a0", "q1", "a1", "q2", "a2", "q3 edited", "a3 again"]
+
+
+def test_a_tool_round_resent_after_a_compaction_continues_the_compacted_turn(
+    make_proxy, fake, agents_dir
+):
+    """The compaction after the tool-call reply folds the turn's user message: the page the
+    next request loads starts after it, and the tool round is still found as the tail."""
+    from e2e import write_agent
+
+    from proxy.fake_upstream import Reply as FakeReply
+    from strategies.summary_prompt import SUMMARY_SYSTEM_PROMPT
+
+    def model(body: dict) -> FakeReply:
+        first = str((body.get("messages") or [{}])[0].get("content", ""))
+        if first.startswith(SUMMARY_SYSTEM_PROMPT):
+            return FakeReply.text("SUMMARY: the user asked for the weather of Paris.")
+        last = body["messages"][-1]
+        if last["role"] == "user" and "weather" in last["content"]:
+            return FakeReply.tool_calls([{"id": "call_p", "name": "get_weather",
+                                          "arguments": {"city": "Paris"}}])
+        return FakeReply.text("Noted.")
+
+    fake.default_reply = model
+    write_agent(agents_dir, "compact", llm={"model": "gpt-4o", "contextWindow": 2000},
+                memoryConfig={"kind": "auto_compact", "compactAtRatio": 0.5})
+    proxy = make_proxy()
+    client = proxy.client("compact", "hybrid")
+    client.chat.completions.create(model="gpt-4o", messages=[
+        SYSTEM, {"role": "user", "content": "Remember CODE-X1."}])
+    ask = {"role": "user", "content": "weather in Paris? " + "alpha " * 900}
+    message = client.chat.completions.create(
+        model="gpt-4o", messages=[SYSTEM, ask], tools=[WEATHER]).choices[0].message
+    proxy.drain()
+    snapshot = proxy.snapshot("compact", "hybrid")
+    # the compaction folded the turn's user message: the page after it starts later than
+    # the tool round the client resends
+    assert snapshot.meta.boundary_seq >= 3
+    calls = [c.model_dump() for c in message.tool_calls]
+    client.chat.completions.create(model="gpt-4o", tools=[WEATHER], messages=[
+        SYSTEM, ask, {"role": "assistant", "content": None, "tool_calls": calls},
+        {"role": "tool", "tool_call_id": "call_p", "content": "sunny"}])
+    stored = proxy.stored("compact", "hybrid")
+    assert [(m.role, m.content) for m in stored][:5] == [
+        ("user", "Remember CODE-X1."), ("assistant", "Noted."), ("user", ask["content"]),
+        ("assistant", None), ("tool", "sunny")]
+    assert len(stored) == 6
+    assert proxy.snapshot("compact", "hybrid").meta.active_count == 6  # nothing superseded
