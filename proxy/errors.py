@@ -21,6 +21,8 @@ from typing import Any
 
 import orjson
 
+from storage.redact import mask_url
+
 
 class ProxyError(Exception):
     status_code = 500
@@ -35,6 +37,8 @@ class ProxyError(Exception):
         code: str | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:
+        # a URL in an error (the store's, the upstream's) never shows its password
+        message = mask_url(message)
         super().__init__(message)
         self.message = message
         self.param = param

@@ -38,6 +38,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from storage.base import StoreUnavailable
 from storage.codec import message_from_body
+from storage.redact import mask_url
 from storage.redis_wire import Command, ScriptWire, bulk, pack
 from storage.search import score, searchable_text
 from strategies.records import (
@@ -407,7 +408,9 @@ class RedisStore:
         try:
             yield
         except (RedisConnectionError, RedisTimeoutError) as exc:
-            raise StoreUnavailable(f"redis at {self.url} is unavailable: {exc}") from exc
+            raise StoreUnavailable(
+                mask_url(f"redis at {self.url} is unavailable: {exc}")
+            ) from exc
 
     async def _run(
         self,
