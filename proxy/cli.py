@@ -7,8 +7,8 @@ import os
 import sys
 from collections.abc import Sequence
 
+from proxy.banner import startup_lines
 from proxy.settings import Settings
-from storage.redact import mask_url
 
 FLAGS = {
     "host": "HOST",
@@ -48,14 +48,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def startup_line(settings: Settings) -> str:
-    """What the proxy serves from, as printed at start-up (passwords in URLs masked)."""
-    return (
-        f"memory-proxy: store {mask_url(settings.store_url)}, "
-        f"upstream {mask_url(settings.upstream_url)}, agents {settings.agents_dir}"
-    )
-
-
 def serve(args: argparse.Namespace) -> int:
     for attr, env in FLAGS.items():
         value = getattr(args, attr, None)
@@ -74,7 +66,7 @@ def serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    print(startup_line(settings), file=sys.stderr, flush=True)
+    print("\n".join(startup_lines(settings)), file=sys.stderr, flush=True)
     uvicorn.run(
         "proxy.app:create_app",
         factory=True,
