@@ -6,7 +6,7 @@ import logging
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from proxy import fetch_tool, history_sync, metrics, sync_plan
+from proxy import builtin_tools, history_sync, metrics, sync_plan
 from proxy.after_turn import schedule_after_turn
 from proxy.asgi import (
     BodyReply,
@@ -146,7 +146,7 @@ async def chat_completions(services: Services, call: ChatCall) -> BodyReply | St
         retry=sync_plan.RetryHint.from_headers(request_headers),
     )
     out = upstream_body(body, turn.messages)
-    fetch = fetch_tool.offer(out, turn.agent)
+    offered = builtin_tools.offer(out, turn.agent, turn.key, turn.window)
     client_wants_usage = False
     if streaming:
         options = out.get("stream_options")
@@ -156,7 +156,7 @@ async def chat_completions(services: Services, call: ChatCall) -> BodyReply | St
         out["stream_options"] = {**asked, "include_usage": True}
     return await forward(
         services, UpstreamRequest(out, headers), streaming, turn,
-        client_wants_usage=client_wants_usage, fetch=fetch, receive=call.receive,
+        client_wants_usage=client_wants_usage, offered=offered, receive=call.receive,
     )
 
 
@@ -167,7 +167,7 @@ async def forward(
     turn: Turn | None,
     *,
     client_wants_usage: bool = True,
-    fetch: bool = False,
+    offered: builtin_tools.Offered | None = None,
     receive: Receive | None = None,
 ) -> BodyReply | StreamReply:
     """With ``receive``, a client that disconnects while the upstream is still thinking
@@ -178,9 +178,9 @@ async def forward(
             media_type = response.headers.get("content-type") or "application/json"
             return BodyReply(response.status_code, response.body, {}, media_type.encode())
         usage = None
-        if fetch:
+        if offered is not None:
             response, usage = await unless_disconnected(
-                receive, fetch_tool.complete(services, turn.key, upstream_request, response)
+                receive, builtin_tools.complete(services, offered, upstream_request, response)
             )
         accumulator = ReplyAccumulator()
         # a 200 that is not a completion is the upstream's error, and nothing is stored
@@ -189,8 +189,8 @@ async def forward(
         return BodyReply(response.status_code, response.body, turn.headers)
 
     stream = await unless_disconnected(receive, services.upstream.chat_stream(upstream_request))
-    if fetch and turn is not None:
-        stream = FetchStream(services, turn.key, upstream_request, stream)
+    if offered is not None and turn is not None:
+        stream = FetchStream(services, offered, upstream_request, stream)
     return StreamReply(
         relay(services, stream, turn, client_wants_usage, upstream_request.headers),
         {**SSE_HEADERS, **(turn.headers if turn is not None else {})},
@@ -250,7 +250,7 @@ async def relay(
             if turn is not None:
                 if accumulator.message() is None:
                     raise UpstreamReplyError(f"{NOT_A_COMPLETION} (a stream without a reply)")
-                # after hidden fetch rounds the stored usage is the first round's prompt
+                # after hidden built-in rounds the stored usage is the first round's prompt
                 usage = stream.memory_usage if isinstance(stream, FetchStream) else None
                 await finish_turn(services, turn, accumulator, headers, usage=usage)
         except ProxyError as exc:

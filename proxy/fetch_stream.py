@@ -1,13 +1,14 @@
-"""``fetch_tool_result`` in a streaming reply: the hidden rounds inside one SSE stream.
+"""Built-in tools in a streaming reply: the hidden rounds inside one SSE stream.
 
 ``FetchStream`` wraps the upstream stream (it is an ``UpstreamStream`` itself, so the relay
 in ``proxy/chat.py`` stays unchanged). Text deltas go through as they arrive; tool-call
 deltas are held only until their call's name is known (the first fragment of each index,
-normally), and the fetch calls' never reach the client. When a round ends in fetch calls
-only, its finish and usage chunks and its ``[DONE]`` are held back, the calls are answered
-from the store, and the next round's chunks continue the same stream under the first
-round's ``id`` (without a second role delta, after a blank line when both rounds wrote
-text), up to one ``[DONE]``. The rules are those of ``proxy/fetch_tool.py``.
+normally), and the built-in calls' (``fetch_tool_result``, ``search_history``) never
+reach the client. When a round ends in built-in calls only, its finish and usage chunks
+and its ``[DONE]`` are held back, the calls are answered from the store, and the next
+round's chunks continue the same stream under the first round's ``id`` (without a second
+role delta, after a blank line when both rounds wrote text), up to one ``[DONE]``. The
+rules are those of ``proxy/builtin_tools.py``.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from typing import Any
 
 import orjson
 
-from proxy.fetch_tool import (
-    FETCH_TOOL,
+from proxy.builtin_tools import (
     MAX_ROUNDS,
+    Offered,
     add_usage,
     answer_all,
     hidden_call,
@@ -29,32 +30,35 @@ from proxy.fetch_tool import (
 )
 from proxy.services import Services
 from proxy.upstream.base import SSEEvent, UpstreamRequest, UpstreamStream
-from strategies.records import SessionKey
 
 __all__ = ["FetchStream"]
 
-logger = logging.getLogger("memory_proxy.fetch_tool")
+logger = logging.getLogger("memory_proxy.builtin_tools")
 
 
 class _Call:
-    __slots__ = ("arguments", "id")
+    __slots__ = ("arguments", "id", "name")
 
-    def __init__(self) -> None:
+    def __init__(self, name: str) -> None:
         self.id: str | None = None
+        self.name = name
         self.arguments: list[str] = []
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "type": "function",
-                "function": {"name": FETCH_TOOL, "arguments": "".join(self.arguments)}}
+                "function": {"name": self.name, "arguments": "".join(self.arguments)}}
 
 
 class _Round:
-    """What one upstream stream carried: its text, its fetch calls, how its tool-call
-    indices map to the client's, and the deltas held until a call's name arrives."""
+    """What one upstream stream carried: its text, its built-in calls ("fetch" calls
+    here), how its tool-call indices map to the client's, and the deltas held until a
+    call's name arrives."""
 
-    def __init__(self) -> None:
+    def __init__(self, offered: Offered) -> None:
+        self.offered = offered
+        self.names: dict[int, str] = {}  # index -> a built-in call's name
         self.text: list[str] = []
-        self.kinds: dict[int, bool] = {}  # index -> is a fetch call
+        self.kinds: dict[int, bool] = {}  # index -> is a built-in call
         self.fetches: dict[int, _Call] = {}
         self.client: dict[int, int] = {}  # upstream index -> client index
         self.held: dict[int, list[dict[str, Any]]] = {}
@@ -91,8 +95,10 @@ class _Round:
                 if not name:
                     self.held.setdefault(index, []).append(delta)
                     continue
-                fetch = self.kinds[index] = name == FETCH_TOOL
-                if not fetch:
+                fetch = self.kinds[index] = self.offered.answers(name)
+                if fetch:
+                    self.names[index] = name
+                else:
                     self.client[index] = len(self.client)
                 for fragment in [*self.held.pop(index, ()), delta]:
                     self.route(index, fetch, fragment, out)
@@ -105,7 +111,9 @@ class _Round:
         if not fetch:
             out.append({**delta, "index": self.client[index]})
             return
-        call = self.fetches.setdefault(index, _Call())
+        call = self.fetches.get(index)
+        if call is None:
+            call = self.fetches[index] = _Call(self.names[index])
         # the tool message must answer some id, even from a provider that sent none
         call.id = call.id or delta.get("id") or f"call_fetch_{index}"
         arguments = (delta.get("function") or {}).get("arguments")
@@ -133,7 +141,7 @@ def _event(chunk: dict[str, Any]) -> SSEEvent:
 
 
 class FetchStream:
-    """An upstream stream with the hidden fetch rounds run inside it (an ``UpstreamStream``).
+    """An upstream stream with the hidden built-in rounds run inside it (an ``UpstreamStream``).
 
     ``memory_usage`` is the usage to store once hidden rounds ran (None otherwise).
     """
@@ -141,14 +149,14 @@ class FetchStream:
     def __init__(
         self,
         services: Services,
-        key: SessionKey,
+        offered: Offered,
         request: UpstreamRequest,
         first: UpstreamStream,
     ) -> None:
         self.status_code = first.status_code
         self.headers = first.headers
         self.services = services
-        self.key = key
+        self.offered = offered
         self.request = request
         self.stream = first
         self.rounds = 0
@@ -176,7 +184,7 @@ class FetchStream:
     async def _run(self) -> AsyncGenerator[SSEEvent, None]:
         messages = list(self.request.body.get("messages") or ())
         while True:
-            state = _Round()
+            state = _Round(self.offered)
             done: SSEEvent | None = None
             async for event in self.stream:
                 if event.done:
@@ -201,11 +209,12 @@ class FetchStream:
                 self._first_usage = state.usage
             calls = state.calls()
             messages += [hidden_call("".join(state.text), calls)]
-            messages += await answer_all(self.services.store, self.key, calls)
+            messages += await answer_all(self.services.store, self.offered, calls)
             self.rounds += 1
             self.memory_usage = memory_usage(self._first_usage)
-            logger.info("%s: hidden %s round %d", self.key.session, FETCH_TOOL, self.rounds)
-            body = next_body(self.request.body, messages, self.rounds)
+            logger.info("%s: hidden built-in tool round %d", self.offered.key.session,
+                        self.rounds)
+            body = next_body(self.request.body, messages, self.rounds, self.offered)
             await self.stream.aclose()
             self.stream = await self.services.upstream.chat_stream(
                 UpstreamRequest(body, self.request.headers)

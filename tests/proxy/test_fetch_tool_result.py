@@ -10,9 +10,10 @@ import orjson
 import pytest
 from e2e import CLIENT_KEY, write_agent
 
+from proxy.builtin_tools import MAX_ROUNDS, Offered
 from proxy.fake_upstream import Reply
 from proxy.fetch_stream import FetchStream
-from proxy.fetch_tool import MAX_ROUNDS, TOOL_DEFINITION
+from proxy.fetch_tool import FETCH_TOOL, TOOL_DEFINITION
 from proxy.streaming import ReplyAccumulator
 from proxy.upstream.base import SSEEvent, UpstreamRequest
 from strategies.records import SessionKey, StoredMessage
@@ -401,7 +402,8 @@ async def relayed(*rounds: ScriptedStream) -> tuple[list[dict], ScriptedUpstream
     services = SimpleNamespace(store=OneResultStore(), upstream=upstream)
     request = UpstreamRequest({"model": "m", "messages": [{"role": "user", "content": "q"}],
                                "tools": [TOOL_DEFINITION], "stream": True})
-    stream = FetchStream(services, SessionKey("ns", AGENT, "s"), request, rounds[0])
+    offered = Offered((FETCH_TOOL,), SessionKey("ns", AGENT, "s"))
+    stream = FetchStream(services, offered, request, rounds[0])
     events = [event async for event in stream]
     assert events[-1].done and sum(e.done for e in events) == 1
     return [orjson.loads(e.data) for e in events[:-1]], upstream, stream
