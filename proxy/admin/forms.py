@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.agents import ResolvedAgent
+from proxy.agents import ResolvedAgent, ToolRef
 
 HISTORY_MODES = ("auto", "full", "delta")
 MAX_MEMORY_CHARS = 64_000
@@ -32,6 +32,9 @@ class FormError(ValueError):
 def input_for(field: str | None) -> str | None:
     if not field:
         return None
+    index, _, rest = field.removeprefix("tools.").partition(".")
+    if field.startswith("tools.") and index.isdigit() and rest == "maxResultChars":
+        return f"tool_max_{index}"
     for prefix, name in FIELD_INPUTS.items():
         if field == prefix or field.startswith(prefix + "."):
             return name
@@ -43,6 +46,14 @@ def _reject_constant(name: str) -> Any:
 
 
 @dataclass(slots=True)
+class ToolField:
+    """One tool reference of the agent in the form: its name and "Max result chars"."""
+
+    name: str
+    max_result_chars: str = ""
+
+
+@dataclass(slots=True)
 class AgentForm:
     """The submitted (or prefilled) text of every input, kept as typed."""
 
@@ -51,6 +62,7 @@ class AgentForm:
     context_window: str = ""
     history_mode: str = "auto"
     memory: str = ""
+    tools: list[ToolField] = field(default_factory=list)
 
     @classmethod
     def prefilled(cls, agent: ResolvedAgent) -> AgentForm:
@@ -62,6 +74,8 @@ class AgentForm:
             context_window=str(llm.contextWindow) if llm.contextWindow else "",
             history_mode=agent.definition.historyMode,
             memory=json.dumps(agent.config.to_dict(), indent=2),
+            tools=[ToolField(ref.name, str(ref.maxResultChars or ""))
+                   for ref in agent.definition.tools],
         )
 
     @classmethod
@@ -70,17 +84,25 @@ class AgentForm:
             value = form.get(name, "")
             return value if isinstance(value, str) else ""
 
+        tools = []
+        index = 0
+        while f"tool_name_{index}" in form:
+            tools.append(ToolField(text(f"tool_name_{index}"), text(f"tool_max_{index}")))
+            index += 1
         return cls(
             description=text("description"),
             model=text("model"),
             context_window=text("context_window"),
             history_mode=text("history_mode") or "auto",
             memory=text("memory"),
+            tools=tools,
         )
 
-    def changes(self) -> dict[str, Any]:
+    def changes(self, current: list[ToolRef] | None = None) -> dict[str, Any]:
         """The partial definition this form asks for. A blank Memory field keeps the
-        stored setting; a blank model or context window falls back to the model's info."""
+        stored setting; a blank model or context window falls back to the model's info.
+        ``current`` are the agent's tool references as stored: each keeps what the form
+        does not show and takes its "Max result chars" from the form (blank: none)."""
         changes: dict[str, Any] = {
             "description": self.description.strip(),
             "llm": {"model": self.model.strip() or None,
@@ -93,7 +115,30 @@ class AgentForm:
             )
         if self.memory.strip():
             changes["memoryConfig"] = self._memory_config()
+        if current and self.tools:
+            changes["tools"] = self._tools(current)
         return changes
+
+    def _tools(self, current: list[ToolRef]) -> list[dict[str, Any]]:
+        limits: dict[str, int | None] = {}
+        for index, tool in enumerate(self.tools):
+            raw = tool.max_result_chars.strip().replace("_", "").replace(",", "")
+            if raw and (not raw.isdigit() or int(raw) <= 0):
+                raise FormError(
+                    f"Max result chars of {tool.name} must be a positive whole number of "
+                    f"characters, or blank for no limit; got {raw!r}",
+                    field=f"tools.{index}.maxResultChars",
+                )
+            limits[tool.name] = int(raw) if raw else None
+        out = []
+        for ref in current:
+            data = ref.model_dump(exclude_none=True)
+            if ref.name in limits:
+                data.pop("maxResultChars", None)
+                if limits[ref.name] is not None:
+                    data["maxResultChars"] = limits[ref.name]
+            out.append(data)
+        return out
 
     def _context_window(self) -> int | None:
         raw = self.context_window.strip().replace("_", "").replace(",", "")

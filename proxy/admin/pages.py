@@ -181,7 +181,9 @@ async def edit_page(request: Request) -> Response:
         return await _edit_form(request, AgentForm.prefilled(resolved))
     submitted = AgentForm.submitted(await read_form(request))
     try:
-        await agents_view.save_agent(services_of(request), agent, submitted.changes())
+        resolved, _ = await agents_view.resolve_fresh(services_of(request), agent)
+        changes = submitted.changes(resolved.definition.tools)
+        await agents_view.save_agent(services_of(request), agent, changes)
     except FormError as exc:
         return await _edit_form(request, submitted, status_code=400, error=str(exc),
                                 field=exc.field)

@@ -58,7 +58,8 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
     agents = root / "agents"
     agents.mkdir()
     write_agent(agents, "research-lead", description="Plans research.",
-                llm={"model": "gpt-4o", "contextWindow": 3000})
+                llm={"model": "gpt-4o", "contextWindow": 3000},
+                tools=[{"name": "web_search", "maxResultChars": 20000}])
     write_agent(agents, "planner", memoryConfig={"kind": "auto_compact"})
     with FakeUpstream.running() as fake:
         app = create_app(Settings(store_url=f"sqlite:///{root}/memory.db", upstream_url=fake.url,
@@ -181,4 +182,27 @@ def test_stored_html_stays_text_and_compact_changes_the_window(
     assert "three questions about memory windows" in point.inner_text()
     assert page.locator("#transcript img, main script").count() == 0
     assert page.evaluate("typeof window.__pwned") == "undefined"
+    assert csp_violations == []
+
+
+def test_an_admin_sets_a_tools_max_result_chars_in_the_agent_form(
+    page, deployment, csp_violations
+):
+    base = deployment.base
+    sign_in(page, base, "/admin/agents/research-lead/edit")
+    assert page.input_value("#tool_max_0") == "20000"
+    assert "Max result chars" in page.inner_text('label[for="tool_max_0"]')
+
+    page.fill("#tool_max_0", "lots")
+    page.click("button:has-text('Save')")
+    page.wait_for_selector("#form-error")
+    assert page.inner_text("#form-error .error-field") == "tools.0.maxResultChars"
+    assert page.get_attribute("#tool_max_0", "aria-invalid") == "true"
+    assert page.input_value("#tool_max_0") == "lots"
+
+    page.fill("#tool_max_0", "5000")
+    page.click("button:has-text('Save')")
+    page.wait_for_url("**/admin/agents/research-lead?saved=1")
+    page.goto(base + "/admin/agents/research-lead/edit")
+    assert page.input_value("#tool_max_0") == "5000"
     assert csp_violations == []
