@@ -24,7 +24,7 @@ from strategies.base import (
     WindowContext,
     WindowItem,
 )
-from strategies.compression import choose_evictions, eviction_stub, exceeds
+from strategies.compression import choose_evictions, eviction_stub, exceeds, stub_tokens
 from strategies.config import AutoCompactConfig
 from strategies.records import LoadSpec, StoredMessage, SummaryRecord
 from strategies.summarizing_window import fit_tail, latest_summary, live_start, summary_tokens
@@ -87,14 +87,16 @@ class AutoCompactStrategy:
         items = as_items(live)
         if config.toolResultEviction is not None:
             evicted = choose_evictions(
-                live, config.toolResultEviction, turn, calibration=calibration
+                live, config.toolResultEviction, turn, calibration=calibration,
+                count_tokens=ctx.count_tokens,
             )
             for index in sorted(evicted):
                 message = live[index]
                 stub = eviction_stub(message.tool_call_id, message.tokens)
-                items[index] = WindowItem(
-                    message=message, tokens=ctx.count_tokens(stub), text=stub, marker="evicted"
-                )
+                # sent as a whole message: its framing counts as well as the stub
+                tokens = stub_tokens(message, stub, ctx.count_tokens)
+                items[index] = WindowItem(message=message, tokens=tokens, text=stub,
+                                          marker="evicted")
             if evicted:
                 notes.append(f"{len(evicted)} older tool results evicted (fetch_tool_result)")
 

@@ -20,6 +20,11 @@ Placement = Literal["SYSTEM_PROMPT", "USER_MESSAGE"]
 CountTokens = Callable[[str], int]
 
 
+def rough_tokens(text: str) -> int:
+    """A tokenizer-free estimate: the counter of a context built without one."""
+    return max(1, len(text) // 4)
+
+
 @dataclass(slots=True)
 class WindowContext:
     """What a strategy sees of a session for one decision.
@@ -38,7 +43,7 @@ class WindowContext:
     summaries: list[SummaryRecord] = field(default_factory=list)
     system_tokens: int = 0
     current_turn_start: int = 0
-    count_tokens: CountTokens = lambda text: max(1, len(text) // 4)
+    count_tokens: CountTokens = rough_tokens
     calibration: float = 1.0
     # this session's previous decision, when the proxy kept it: the context and the window
     # the strategy chose for it (as chosen, unchanged since). A strategy may extend that

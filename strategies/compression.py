@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from strategies.base import CountTokens, WindowItem
+from strategies.base import CountTokens, WindowItem, rough_tokens
 from strategies.config import SummarizingWindowConfig, ToolResultEviction
 from strategies.records import StoredMessage
 from strategies.tokens import TOKENS_PER_MESSAGE, TOKENS_PER_NAME
@@ -85,6 +85,22 @@ def compression_threshold(config: SummarizingWindowConfig, context_window: int) 
     )
 
 
+def framing_tokens(message: StoredMessage, count_tokens: CountTokens) -> int:
+    """What a message costs besides its content and tool calls, in the chat format's
+    accounting (strategies/tokens.py): the per-message overhead, its role and name."""
+    tokens = TOKENS_PER_MESSAGE + count_tokens(message.role)
+    if message.name:
+        tokens += count_tokens(message.name) + TOKENS_PER_NAME
+    return tokens
+
+
+def result_tokens(message: StoredMessage, count_tokens: CountTokens) -> int:
+    """A tool result's own size: the stored message's tokens less its framing. The size
+    rules (minToolResultCompressTokens, eviction's aboveTokens) compare this, as the spec
+    says "a result above N tokens", not the message around it."""
+    return max(0, message.tokens - framing_tokens(message, count_tokens))
+
+
 def compression_stub(text: str, tokens: int) -> str:
     """A preview of the result plus the way back: the spec's hint, verbatim."""
     preview = text[:PREVIEW_CHARS].rstrip()
@@ -103,14 +119,15 @@ def choose_compressions(
     under_pressure: bool,
     calibration: float = 1.0,
     eligible: frozenset[int] | None = None,
+    count_tokens: CountTokens = rough_tokens,
 ) -> dict[int, str]:
     """New compression stubs ``{seq: stub}`` for the loaded conversation ``messages``.
 
     A tool result is compressed only when all hold: (1) an assistant message follows it
     (the model has read it); (2) it is not among the newest three tool results of
     ``messages``, whatever turn they belong to; (3) ``under_pressure`` (the caller measured
-    the live window against compressWhenWindowAboveRatio); (4) its calibrated tokens are
-    strictly above ``compression_threshold``. Results that already carry
+    the live window against compressWhenWindowAboveRatio); (4) its own calibrated tokens
+    (``result_tokens``) are strictly above ``compression_threshold``. Results that already carry
     ``compressed_content`` are never decided again. ``eligible`` restricts the candidates
     to those seqs (e.g. the unsummarized ones) without changing how the newest three count.
     """
@@ -129,7 +146,7 @@ def choose_compressions(
             message.compressed_content is None
             and index < last_assistant
             and index not in protected
-            and message.tokens * calibration > threshold
+            and result_tokens(message, count_tokens) * calibration > threshold
             and (eligible is None or message.seq in eligible)
         ):
             stubs[message.seq] = compression_stub(content_text(message.content), message.tokens)
@@ -164,24 +181,24 @@ def choose_evictions(
     current_turn_start: int,
     *,
     calibration: float = 1.0,
+    count_tokens: CountTokens = rough_tokens,
 ) -> set[int]:
     """Indices of tool results to evict: before ``eviction_start`` and at least
-    ``aboveTokens`` (calibrated) in size. No newest-three protection, by the spec."""
+    ``aboveTokens`` (calibrated, the result's own size) in size. No newest-three
+    protection, by the spec."""
     before = eviction_start(messages, current_turn_start, eviction.afterTurns)
     return {
         i
         for i, m in enumerate(messages[:before])
-        if m.role == "tool" and m.tokens * calibration >= eviction.aboveTokens
+        if m.role == "tool"
+        and result_tokens(m, count_tokens) * calibration >= eviction.aboveTokens
     }
 
 
 def stub_tokens(message: StoredMessage, stub: str, count_tokens: CountTokens) -> int:
     """The size of ``message`` sent with ``stub`` as its content, in the chat format's
     accounting (strategies/tokens.py): the per-message overhead, role, name and stub."""
-    tokens = TOKENS_PER_MESSAGE + count_tokens(message.role) + count_tokens(stub)
-    if message.name:
-        tokens += count_tokens(message.name) + TOKENS_PER_NAME
-    return tokens
+    return framing_tokens(message, count_tokens) + count_tokens(stub)
 
 
 def compressed_item(message: StoredMessage, stub: str, count_tokens: CountTokens) -> WindowItem:

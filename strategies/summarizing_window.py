@@ -160,6 +160,7 @@ class SummarizingWindowStrategy:
                 under_pressure=True,
                 calibration=calibration,
                 eligible=frozenset([m.seq for m in live]),
+                count_tokens=ctx.count_tokens,
             )
         if stubs:
             for index, message in enumerate(live):
@@ -353,6 +354,7 @@ class SummarizingWindowStrategy:
             under_pressure=True,
             calibration=ctx.calibration,
             eligible=frozenset(m.seq for m in ctx.messages if m.seq > covered),
+            count_tokens=ctx.count_tokens,
         )
         if plan is None and not stubs:
             return CompactPlan(

@@ -54,6 +54,11 @@ def assistant(
     )
 
 
+# a tool message's tokens besides its content: 3 per message and its role (one token); the
+# size rules compare a result's own tokens (strategies.compression.result_tokens)
+FRAMING = 4
+
+
 def tool(call_id: str, text: str = "result", *, tokens: int | None = None) -> StoredMessage:
     return StoredMessage(
         role="tool",

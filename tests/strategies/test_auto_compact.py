@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from helpers import assistant, context, history, render, seqs, tool, user
+from helpers import FRAMING, assistant, context, history, render, seqs, tool, user
 
 from strategies.auto_compact import AutoCompactStrategy
 from strategies.base import Window
 from strategies.config import AutoCompactConfig, ToolResultEviction
 from strategies.records import LoadSpec, SummaryRecord
 from strategies.summary_prompt import render_summary
+from strategies.tokens import count_message, make_counter
 from strategies.validity import check_openai_messages
 
 STRATEGY = AutoCompactStrategy()
@@ -105,7 +106,7 @@ def test_messages_up_to_the_boundary_are_never_sent_even_when_loaded():
     ],
 )
 def test_eviction_follows_the_user_turn_boundary(after_turns, expected):
-    window = STRATEGY.select(context(three_turns(), evicting(after_turns)))
+    window = STRATEGY.select(context(three_turns(500 + FRAMING), evicting(after_turns)))
     assert evicted(window) == expected
 
 
@@ -117,17 +118,18 @@ def test_eviction_follows_the_user_turn_boundary(after_turns, expected):
     ],
 )
 def test_eviction_needs_at_least_above_tokens(size, expected):
-    window = STRATEGY.select(context(three_turns(size), evicting(above=500)))
+    # the size is the result's own: the message around it weighs FRAMING more
+    window = STRATEGY.select(context(three_turns(size + FRAMING), evicting(above=500)))
     assert evicted(window) == expected
 
 
 def test_eviction_has_no_newest_three_protection():
     # t1 and t2 are two of the three newest results and still go
-    assert evicted(STRATEGY.select(context(three_turns(), evicting()))) == [3, 7]
+    assert evicted(STRATEGY.select(context(three_turns(500 + FRAMING), evicting()))) == [3, 7]
 
 
 def test_an_evicted_result_is_a_pointer_stub_and_nothing_is_written():
-    messages = three_turns()
+    messages = three_turns(500 + FRAMING)
     window = STRATEGY.select(context(messages, evicting()))
     item = window.items[2]
     assert 'tool_call_id="t1"' in item.text
@@ -137,6 +139,17 @@ def test_an_evicted_result_is_a_pointer_stub_and_nothing_is_written():
     assert messages[2].content == "one"
     assert messages[2].compressed_content is None
     assert check_openai_messages(render(window)) == []
+
+
+def test_an_evicted_item_counts_the_message_it_is_sent_as():
+    counter = make_counter("gpt-4o")
+    window = STRATEGY.select(
+        context(three_turns(500 + FRAMING), evicting(), count_tokens=counter))
+    item = window.items[2]
+    sent = {"role": "tool", "tool_call_id": "t1", "content": item.text}
+    # the stub and the message's framing, as the upstream counts it (not the stub alone)
+    assert item.tokens == count_message(sent, "gpt-4o") == counter(item.text) + FRAMING
+    assert window.tokens == sum(i.tokens for i in window.items)
 
 
 def test_no_eviction_rule_means_no_eviction():

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from helpers import assistant, history, tool, user
+from helpers import FRAMING, assistant, history, tool, user
 
 from strategies.compression import (
     STUB_HINT,
@@ -27,9 +27,9 @@ WINDOW = 10_000
 
 
 def four_results(*sizes: int, read: bool = True):
-    """A turn with four sequential tool calls a..d (results sized ``sizes``, oldest first),
-    answered by the assistant when ``read``."""
-    a, b, c, d = sizes
+    """A turn with four sequential tool calls a..d (results of ``sizes`` tokens of their
+    own, oldest first), answered by the assistant when ``read``."""
+    a, b, c, d = (size + FRAMING for size in sizes)
     messages = [
         user("q"),
         assistant(None, tool_calls=["a"]),
@@ -161,7 +161,7 @@ def test_eligible_restricts_candidates_without_moving_the_newest_three():
 def test_the_stub_carries_a_preview_the_size_and_the_hint_verbatim():
     stub = decide(four_results(600, 10, 10, 10))[3]
     assert stub.startswith("A" * 40)
-    assert "600 tokens compressed by memory-proxy" in stub
+    assert f"{600 + FRAMING} tokens compressed by memory-proxy" in stub  # the stored size
     assert "call the tool again if you need the full output" in stub
     assert STUB_HINT == "call the tool again if you need the full output"
 
@@ -199,15 +199,15 @@ def three_turns():
     return history(
         user("q1"),  # 0
         assistant(None, tool_calls=["t1"]),  # 1
-        tool("t1", tokens=500),  # 2
+        tool("t1", tokens=500 + FRAMING),  # 2
         assistant("a1"),  # 3
         user("q2"),  # 4
         assistant(None, tool_calls=["t2"]),  # 5
-        tool("t2", tokens=500),  # 6
+        tool("t2", tokens=500 + FRAMING),  # 6
         assistant("a2"),  # 7
         user("q3"),  # 8
         assistant(None, tool_calls=["t3"]),  # 9
-        tool("t3", tokens=500),  # 10
+        tool("t3", tokens=500 + FRAMING),  # 10
         assistant("a3"),  # 11
     )
 
@@ -300,3 +300,34 @@ def test_head_within_returns_the_longest_prefix_that_fits():
     assert head_within("abcdefgh", 3, len) == "abc"
     assert head_within("abc", 5, len) == "abc"
     assert head_within("abc", 0, len) == ""
+
+
+# --- sizes are the result's own, counted by the tokenizer -------------------------------
+
+
+def result_of(tokens: int, call_id: str = "a") -> tuple[str, int]:
+    """A tool result text of ``tokens`` gpt-4o tokens and its stored message's tokens."""
+    text = " ".join(["hello"] * tokens)
+    assert make_counter("gpt-4o")(text) == tokens
+    sent = {"role": "tool", "tool_call_id": call_id, "content": text}
+    return text, count_message(sent, "gpt-4o")
+
+
+@pytest.mark.parametrize(("own", "compressed"), [(498, False), (500, False), (501, True)])
+def test_min_tool_result_compress_tokens_compares_the_results_own_size(own, compressed):
+    text, stored = result_of(own)
+    assert stored == own + FRAMING  # the message around it weighs a little more
+    messages = four_results(10, 10, 10, 10)
+    messages[2] = tool("a", text, tokens=stored)
+    messages[2].seq = 3
+    stubs = decide(messages, count_tokens=make_counter("gpt-4o"))
+    assert bool(stubs) is compressed
+
+
+@pytest.mark.parametrize(("own", "evicted"), [(498, set()), (499, set()), (500, {2})])
+def test_eviction_above_tokens_compares_the_results_own_size(own, evicted):
+    text, stored = result_of(own, "t1")
+    messages = history(user("q1"), assistant(None, tool_calls=["t1"]),
+                       tool("t1", text, tokens=stored), assistant("a1"), user("q2"))
+    rule = ToolResultEviction(afterTurns=1, aboveTokens=500)
+    assert choose_evictions(messages, rule, 4, count_tokens=make_counter("gpt-4o")) == evicted
