@@ -224,7 +224,28 @@ def render_parts(item: WindowItem, content: Any, context: MappingContext) -> lis
     """The content the model receives for ``item`` (``content`` is the stored content or
     the strategy's replacement text)."""
     message = item.message
+    if keeps_media(item) and isinstance(content, str):
+        content = truncated_with_media(content, message.content)
     return render_content(message, content, shown_kinds(message, context), context.parts)
+
+
+def keeps_media(item: WindowItem) -> bool:
+    """A message cut by the message cap (``truncated``) keeps its media parts: the cut
+    shortens its text, and each part still goes as its block or its placeholder."""
+    content = item.message.content
+    return item.marker == "truncated" and isinstance(content, list) and any(
+        is_media(part) for part in content
+    )
+
+
+def truncated_with_media(text: str, original: list[Any]) -> list[Any]:
+    """The cut text as one text part, then the original's media parts. The cut was made
+    of the content's text (strategies.compression.content_text), where each part is a
+    ``[type]`` line: those lines go, the parts themselves come back."""
+    parts = [part for part in original if is_media(part)]
+    marks = {f"[{part.get('type') or 'part'}]" for part in parts}
+    kept = "\n".join(line for line in text.split("\n") if line not in marks)
+    return [{"type": "text", "text": kept}, *parts]
 
 
 def render_content(
@@ -354,14 +375,15 @@ def current_turn_deltas(
 
 
 def settle_window(window: Window, deltas: Mapping[int, int]) -> None:
-    """Move the current turn's block tokens (budgeted up front) onto the items sent in full;
-    a delta whose message was shrunk or left out is taken back from the total."""
+    """Move the current turn's block tokens (budgeted up front) onto the items that send
+    their blocks: in full, or cut by the message cap (``keeps_media``); a delta whose
+    message was compressed or left out is taken back from the total."""
     if not deltas:
         return
     applied = 0
     for item in window.items:
         delta = deltas.get(item.message.seq)
-        if delta and item.text is None:
+        if delta and (item.text is None or keeps_media(item)):
             item.tokens += delta
             applied += delta
     window.tokens += applied - sum(deltas.values())

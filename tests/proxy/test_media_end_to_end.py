@@ -262,3 +262,31 @@ def test_a_turn_that_fails_upstream_stores_no_media(make_proxy, fake, agents_dir
 
     assert proxy.stored("vision", "failed") == []
     assert stored_part_count(proxy) == 0
+
+
+def test_a_message_cut_by_the_message_cap_keeps_its_media(make_proxy, fake, agents_dir):
+    write_agent(agents_dir, "capped", llm={**VISION, "contextWindow": 8000})
+    proxy = make_proxy()
+    client = proxy.client("capped", "s1")
+    long = "Describe this photo in the light of my notes. " + "note " * 4000
+    content = [{"type": "text", "text": long}, {"type": "image_url", "image_url": {"url": IMAGE}}]
+
+    client.chat.completions.create(model="gpt-4o", messages=[{"role": "user",
+                                                              "content": content}])
+    first = sent(fake)[0]["content"]
+    client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "And?"}])
+    later = sent(fake)[0]["content"]
+
+    # the current turn: the text is cut by maxMessageRatio, the image still goes as a block
+    assert isinstance(first, list)
+    text = "\n".join(p["text"] for p in first if p["type"] == "text")
+    assert "truncated by memory-proxy" in text and len(text) < len(long)
+    assert [p for p in first if p["type"] == "image_url"] == [content[1]]
+    # a later turn: still cut, the image named by its placeholder
+    assert isinstance(later, str)
+    assert "truncated by memory-proxy" in later
+    assert any(line.startswith("[image: sha256:") and line.endswith("not shown to the model]")
+               for line in later.splitlines())
+    assert "[image_url]" not in later
+    view = memory(proxy, "capped", "s1")
+    assert view["messages"][0]["marker"] == "truncated"

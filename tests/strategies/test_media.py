@@ -153,7 +153,22 @@ def test_a_strategy_replacement_text_still_gets_the_notice():
     window = Window(items=[WindowItem(message, tokens=5, text="cut short", marker="truncated")])
     (sent,) = MessageToLlmMessageMapper().map(window, None, context())
     assert sent["content"].startswith("[Attachments: ")
-    assert sent["content"].endswith("\ncut short")
+    # the cut shortens the text; the image is still named, by its placeholder
+    lines = sent["content"].splitlines()
+    assert lines[1] == "cut short"
+    assert lines[2].startswith("[image: ") and lines[2].endswith("not shown to the model]")
+
+
+def test_a_current_message_cut_by_the_cap_keeps_its_block():
+    message = user([{"type": "text", "text": "long text"}, image_ref()], seq=CURRENT_SEQ)
+    text = "long\n[image_url]\n[… truncated by memory-proxy: 1 of 2 tokens shown]"
+    window = Window(items=[WindowItem(message, tokens=5, text=text, marker="truncated")])
+    (sent,) = MessageToLlmMessageMapper().map(window, None,
+                                             context(["image"], everything_loaded()))
+    texts = [p["text"] for p in sent["content"] if p["type"] == "text"]
+    assert "long\n[… truncated by memory-proxy: 1 of 2 tokens shown]" in texts
+    assert [p["type"] for p in sent["content"]][-1] == "image_url"
+    assert sent["content"][-1]["image_url"]["url"].startswith("data:image/png;base64,")
 
 
 def test_only_user_messages_carry_blocks():
@@ -216,10 +231,18 @@ def test_current_turn_blocks_add_their_cost_and_settle_on_the_items():
 def test_a_shrunk_current_message_gives_its_block_tokens_back():
     current = user([image_ref()], seq=CURRENT_SEQ)
     deltas = {CURRENT_SEQ: 700}
-    window = Window(items=[WindowItem(current, 20, text="stub", marker="truncated")],
+    window = Window(items=[WindowItem(current, 20, text="stub", marker="compressed")],
                     tokens=1720)
     media.settle_window(window, deltas)
     assert (window.items[0].tokens, window.tokens) == (20, 1020)
+
+
+def test_a_current_message_cut_by_the_cap_keeps_its_block_tokens():
+    current = user([image_ref()], seq=CURRENT_SEQ)
+    window = Window(items=[WindowItem(current, 20, text="cut", marker="truncated")],
+                    tokens=1720)
+    media.settle_window(window, {CURRENT_SEQ: 700})
+    assert (window.items[0].tokens, window.tokens) == (720, 1720)
 
 
 def test_a_model_without_the_capability_adds_nothing():
