@@ -11,12 +11,14 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
 
 from proxy import model_info
+from proxy.admin.security import CrossSiteWrites
 from proxy.agents import AgentRegistry
 from proxy.chat import chat_app, chat_path_params, forwarded_headers
 from proxy.compact import compact_session
@@ -209,6 +211,9 @@ def create_app(
         HTTPException: http_error_handler,
         Exception: unexpected_error_handler,
     }
-    app = ProxyApp(routes=routes(), lifespan=lifespan, exception_handlers=handlers)
+    app = ProxyApp(
+        routes=routes(), lifespan=lifespan, exception_handlers=handlers,
+        middleware=[Middleware(CrossSiteWrites)],
+    )
     app.state.services = services
     return app

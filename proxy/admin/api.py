@@ -2,7 +2,8 @@
 
 ``POST /admin/api/agents/{agent}/sessions/{session}/compact`` lives in ``proxy/compact.py``.
 Writes take a JSON body (``Content-Type: application/json``): a browser cannot send one
-cross-site without a CORS preflight, which the proxy never grants.
+cross-site without a CORS preflight, which the proxy never grants; every write passes the
+cross-site check of ``proxy/admin/security.py`` (``CrossSiteWrites``) first.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from proxy.admin import agents_view
-from proxy.admin.security import check_loopback_host, check_origin
+from proxy.admin.security import check_loopback_host
 from proxy.auth import require_admin
 from proxy.errors import BadRequest, ProxyError
 from proxy.inspect import inspect_session, requested_session
@@ -49,7 +50,6 @@ def admin_api(handler: Endpoint) -> Endpoint:
 
 
 async def read_json_body(request: Request) -> dict[str, object]:
-    check_origin(request)
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type != "application/json":
         raise UnsupportedMediaType("send the definition as JSON (Content-Type: application/json)")
@@ -72,7 +72,6 @@ async def agent(request: Request) -> Response:
             raise BadRequest("name cannot be changed here; it is the agent's id", param="name")
         await agents_view.save_agent(services, name, changes)
     elif request.method == "DELETE":
-        check_origin(request)
         await agents_view.reset_agent(services, name)
     return json_response(await agents_view.agent_detail(services, name))
 

@@ -5,6 +5,12 @@ forms carry ``HMAC(key, nonce)`` where the key comes from the admin token, and a
 accepted only when the two agree (compared in constant time). A cross-site page can
 neither read the cookie nor compute the token. JSON twins called with a Bearer header
 need no token: a browser never attaches that header on its own.
+
+Every state-changing request under ``/admin`` (the Compact action, session deletes, agent
+edits, form posts) first passes ``CrossSiteWrites``: one a browser sent from another site
+(``Sec-Fetch-Site: cross-site``, a foreign ``Origin``, or a JSON route posted with a form
+content type without a Bearer header) is refused with a 403 before any route runs. That
+matters most without an admin token, where loopback is the only credential.
 """
 
 from __future__ import annotations
@@ -120,6 +126,55 @@ def check_origin(conn: HTTPConnection) -> None:
         return
     if urlsplit(origin).netloc.lower() != conn.headers.get("host", "").lower():
         raise CsrfFailed("the request came from another site")
+
+
+UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+# what a page of another site can send without a CORS preflight
+SIMPLE_CONTENT_TYPES = frozenset(
+    {"text/plain", "application/x-www-form-urlencoded", "multipart/form-data"}
+)
+
+
+def check_write(conn: HTTPConnection) -> None:
+    """Refuse a state-changing admin request that a browser may have sent from another
+    site. The JSON routes (``/admin/api/``) also refuse a form-like body without a Bearer
+    header: only a cross-site page would send one there."""
+    check_origin(conn)
+    if not conn.url.path.startswith("/admin/api/"):
+        return  # the HTML forms carry a CSRF token, verified by their route
+    if conn.headers.get("authorization", "").lower().startswith("bearer "):
+        return
+    content_type = conn.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type in SIMPLE_CONTENT_TYPES:
+        raise CsrfFailed(
+            "a form-encoded or text/plain write to the admin API is refused; "
+            "send JSON (Content-Type: application/json)"
+        )
+
+
+class CrossSiteWrites:
+    """ASGI wrapper of the whole app: ``check_write`` for every POST, PUT, PATCH and DELETE
+    under ``/admin``, before routing (so no route can forget it)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] == "http"
+            and scope["method"] in UNSAFE_METHODS
+            and scope["path"].startswith("/admin")
+        ):
+            try:
+                check_write(HTTPConnection(scope))
+            except CsrfFailed as exc:
+                response = Response(
+                    exc.body(), status_code=exc.status_code, media_type="application/json",
+                    headers=dict(SECURITY_HEADERS),
+                )
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def verify_csrf(conn: HTTPConnection, settings: Settings, presented: object) -> None:
