@@ -13,7 +13,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
 
@@ -148,8 +148,23 @@ def routes() -> list[BaseRoute]:
     with contextlib.suppress(ImportError):
         from proxy.admin import admin_routes
 
-        found += admin_routes()
+        found += [Route("/admin", admin_root, methods=["GET"]), *admin_routes()]
     return found
+
+
+def without_trailing_slash(scope: Scope) -> Scope:
+    """An API path ending in "/" (``/v1/chat/completions/``) is served as the path without
+    it, never redirected (Starlette's redirect would build its Location from the client's
+    Host header). The admin's paths keep their own slashes."""
+    path = scope["path"]
+    root = scope.get("root_path", "")
+    if path[len(root) :].startswith("/admin"):
+        return scope
+    return {**scope, "path": path.rstrip("/") or "/"}
+
+
+async def admin_root(request: Request) -> Response:
+    return RedirectResponse("/admin/", status_code=307)  # a relative Location
 
 
 class ProxyApp(Starlette):
@@ -157,6 +172,8 @@ class ProxyApp(Starlette):
     middleware: the hot path), everything else through Starlette."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"][-1:] == "/" and len(scope["path"]) > 1:
+            scope = without_trailing_slash(scope)
         if scope["type"] == "http" and scope["method"] == "POST":
             path = scope["path"]
             root = scope.get("root_path", "")
@@ -215,5 +232,6 @@ def create_app(
         routes=routes(), lifespan=lifespan, exception_handlers=handlers,
         middleware=[Middleware(CrossSiteWrites)],
     )
+    app.router.redirect_slashes = False  # see without_trailing_slash
     app.state.services = services
     return app
