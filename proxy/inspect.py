@@ -27,10 +27,9 @@ async def find_session(
     if namespace:
         return SessionKey(namespace, agent, session)
     try:
-        sessions = await services.store.list_sessions(agent, limit=10_000)
+        matches = await services.store.find_sessions(agent, session)
     except StoreUnavailable as exc:
         raise StoreUnavailableError(f"memory store unavailable: {exc}") from exc
-    matches = [s for s in sessions if s.session == session]
     if not matches:
         raise NotFound(f"no session {session!r} for agent {agent!r}", code="session_not_found")
     return SessionKey(matches[0].namespace, agent, session)

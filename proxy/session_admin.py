@@ -34,8 +34,7 @@ async def session_key(services: Services, agent: str, session: str, namespace: s
                       ) -> SessionKey:
     if namespace:
         return SessionKey(namespace, agent, session)
-    found = await services.store.list_sessions(agent, limit=10_000)
-    namespaces = [s.namespace for s in found if s.session == session]
+    namespaces = [s.namespace for s in await services.store.find_sessions(agent, session)]
     if not namespaces:
         raise NotFound(f"no session {session!r} for agent {agent!r}", code="session_not_found")
     if len(namespaces) > 1:

@@ -132,6 +132,11 @@ class Store(Protocol):
     async def list_sessions(self, agent: str, *, limit: int = 200) -> list[SessionInfo]:
         """Sessions of one agent across namespaces, newest activity first."""
 
+    async def find_sessions(self, agent: str, session: str) -> list[SessionInfo]:
+        """The sessions of ``agent`` named ``session``, one per namespace that has it
+        (two API keys may use one id), newest activity first: exact, however many
+        sessions the agent has."""
+
     async def delete_session(self, key: SessionKey) -> bool:
         """Remove every record of a session and its index entries."""
 

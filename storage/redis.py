@@ -320,11 +320,34 @@ class RedisStore:
             members = _scored(
                 await self._redis.zrevrange(_sessions_key(agent), 0, limit - 1, withscores=True)
             )
-            keys = [SessionKey(*_unpack_member(member, agent)) for member, _ in members]
-            pipe = self._redis.pipeline(transaction=False)
-            for session_key in keys:
-                pipe.hget(_keys(session_key, "meta")[0], "active_count")
-            counts = await pipe.execute()
+            return await self._session_infos(agent, members)
+
+    async def find_sessions(self, agent: str, session: str) -> list[SessionInfo]:
+        # the agent's index holds [namespace, session] members: ZSCAN matches the ones
+        # that end with this session, however many the agent has
+        pattern = b"*," + _glob_escape(orjson.dumps(session)) + b"]"
+        with self._errors():
+            members = [
+                (member, score)
+                async for member, score in self._redis.zscan_iter(
+                    _sessions_key(agent), match=pattern, count=1000
+                )
+                if _unpack_member(member, agent)[2] == session
+            ]
+            members.sort(key=lambda m: m[1], reverse=True)
+            return await self._session_infos(agent, members)
+
+    async def _session_infos(
+        self, agent: str, members: list[tuple[bytes, float]]
+    ) -> list[SessionInfo]:
+        """Index members of ``agent`` and their scores as listed sessions (with their
+        message counts, read in one round trip); members whose session is gone are left
+        out."""
+        keys = [SessionKey(*_unpack_member(member, agent)) for member, _ in members]
+        pipe = self._redis.pipeline(transaction=False)
+        for session_key in keys:
+            pipe.hget(_keys(session_key, "meta")[0], "active_count")
+        counts = await pipe.execute()
         return [
             SessionInfo(k.namespace, k.agent, k.session, int(count), updated_at)
             for k, (_, updated_at), count in zip(keys, members, counts, strict=True)
@@ -469,6 +492,13 @@ def _agent_config_key(agent: str) -> str:
 def _scored(reply: Any) -> list[tuple[bytes, float]]:
     """A WITHSCORES reply, typed."""
     return cast("list[tuple[bytes, float]]", reply)
+
+
+def _glob_escape(text: bytes) -> bytes:
+    """``text`` as a literal in a Redis glob pattern."""
+    for special in (b"\\", b"*", b"?", b"[", b"]"):
+        text = text.replace(special, b"\\" + special)
+    return text
 
 
 def _unpack_member(member: bytes, agent: str) -> tuple[str, str, str]:

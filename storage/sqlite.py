@@ -122,6 +122,7 @@ CREATE TABLE IF NOT EXISTS session_parts (
 ACTIVITY_SECONDS = 60
 ACTIVITY_SCHEMA = """
 CREATE INDEX IF NOT EXISTS sessions_by_activity ON sessions (agent, active_at);
+CREATE INDEX IF NOT EXISTS sessions_by_name ON sessions (agent, session);
 DROP INDEX IF EXISTS sessions_by_agent;
 """
 # Made once the tables have their current columns (``_number_sessions``). The primary key
@@ -357,6 +358,14 @@ class SqliteStore:
             "SELECT namespace, agent, session, message_count, updated_at FROM sessions"
             " WHERE agent = ? ORDER BY active_at DESC, updated_at DESC LIMIT ?",
             (agent, max(limit, 0)),
+        )
+        return [SessionInfo(*row) for row in rows]
+
+    async def find_sessions(self, agent: str, session: str) -> list[SessionInfo]:
+        rows = await self._execute(
+            "SELECT namespace, agent, session, message_count, updated_at FROM sessions"
+            " WHERE agent = ? AND session = ? ORDER BY active_at DESC, updated_at DESC",
+            (agent, session),
         )
         return [SessionInfo(*row) for row in rows]
 

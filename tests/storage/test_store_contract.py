@@ -952,3 +952,21 @@ async def test_an_acknowledged_sqlite_turn_survives_kill_9(tmp_path: Path) -> No
     await store.open()
     assert await load(store) == ["acked"]
     await store.close()
+
+
+async def test_find_sessions_is_exact_whatever_the_agent_has(store: Store) -> None:
+    await append(store, user("q"), assistant("a"), key=SessionKey("ns-1", "alpha", "s-0"))
+    await append(store, user("q"), key=SessionKey("ns-2", "alpha", "s-0"))
+    await append(store, user("q"), key=SessionKey("ns-1", "alpha", "s-00"))
+    await append(store, user("q"), key=SessionKey("ns-1", "beta", "s-0"))
+    await append(store, user("q"), key=SessionKey("ns-1", "alpha", "s*[0]?"))
+
+    found = await store.find_sessions("alpha", "s-0")
+
+    assert [(s.namespace, s.session, s.message_count) for s in found] == [
+        ("ns-2", "s-0", 1), ("ns-1", "s-0", 2)]
+    assert [s.namespace for s in await store.find_sessions("alpha", "s*[0]?")] == ["ns-1"]
+    assert await store.find_sessions("alpha", "s-") == []
+    assert await store.find_sessions("nobody", "s-0") == []
+    await store.delete_session(SessionKey("ns-2", "alpha", "s-0"))
+    assert [s.namespace for s in await store.find_sessions("alpha", "s-0")] == ["ns-1"]
