@@ -6,7 +6,7 @@ import logging
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from proxy import builtin_tools, history_sync, metrics, sync_plan
+from proxy import builtin_tools, history_sync, limits, metrics, sync_plan
 from proxy.after_turn import schedule_after_turn
 from proxy.asgi import (
     BodyReply,
@@ -119,6 +119,8 @@ async def chat_completions(services: Services, call: ChatCall) -> BodyReply | St
     streaming = body.get("stream") is True
     request_headers = call.headers
     headers = forwarded_headers(request_headers)
+    limits.check_identifiers(body, messages)
+    limits.check_limits(services.settings, messages, headers)
 
     if request_headers.get("x-memory", "").lower() == "off":
         return await forward(

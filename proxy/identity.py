@@ -9,7 +9,6 @@ fingerprint of the agent, the system prompt and the first user message.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import re
 from collections.abc import Callable, Mapping
@@ -18,6 +17,7 @@ from typing import Any, Literal
 
 from proxy.agents import DEFAULT_AGENT
 from proxy.errors import BadRequest
+from strategies.key_cache import short_key_cache
 
 SessionSource = Literal["path", "header", "metadata", "prompt_cache_key", "user", "fingerprint"]
 # braces would break the Redis hash tag; slashes the path form
@@ -63,7 +63,7 @@ def client_key(headers: Mapping[str, str]) -> str | None:
     )
 
 
-@functools.lru_cache(maxsize=1024)  # a client sends the same key with every turn
+@short_key_cache(maxsize=1024)  # a client sends the same key with every turn
 def namespace_for(api_key: str | None) -> str:
     """A short, stable hash of the client's API key: the key itself is never stored."""
     if not api_key:

@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from strategies.key_cache import short_key_cache
+
 MAP_FILE = "model_prices_and_context_window_backup.json"
 
 
@@ -42,7 +44,7 @@ def preload() -> None:
     _model_map()
 
 
-@functools.lru_cache(maxsize=1024)
+@short_key_cache(maxsize=1024)
 def get_model_info(model: str) -> ModelInfo:
     """Info for ``model``, trying the id as given, then without its provider prefix."""
     data = _model_map()

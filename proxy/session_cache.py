@@ -18,7 +18,8 @@ appended since instead of choosing anew.
 
 Bounded by an estimate of the memory it holds (``MEMORY_PROXY_SESSION_CACHE_MB``; a
 message is counted as ``MESSAGE_OVERHEAD`` bytes plus 4 per token, measured against
-tracemalloc on typical messages), least recently used first out.
+tracemalloc on typical messages, plus its ids and name, which tokens do not count; each
+session also counts its key strings), least recently used first out.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from strategies.records import (
     with_stubs,
 )
 
-__all__ = ["CachedSession", "SessionCache", "decision_bytes", "estimated_bytes"]
+__all__ = ["CachedSession", "SessionCache", "decision_bytes", "estimated_bytes", "key_bytes"]
 
 # the strategy's context and window for one turn (``WindowContext.previous``)
 Decision = tuple[WindowContext, Window]
@@ -51,8 +52,34 @@ DECISION_OVERHEAD = 100
 BYTES_PER_TOKEN = 4
 
 
+# an entry's slot: the tuple, its dict slot and the OrderedDict's link, besides its strings
+SLOT_OVERHEAD = 200
+
+
+def _id_chars(message: StoredMessage) -> int:
+    """The characters of a message's ids and name, which its tokens do not count."""
+    size = len(message.tool_call_id or "") + len(message.name or "")
+    for call in message.tool_calls or ():
+        if isinstance(call, dict):
+            size += len(str(call.get("id") or ""))
+    return size
+
+
 def estimated_bytes(messages: Sequence[StoredMessage]) -> int:
-    return MESSAGE_OVERHEAD * len(messages) + BYTES_PER_TOKEN * sum(m.tokens for m in messages)
+    size = MESSAGE_OVERHEAD * len(messages) + BYTES_PER_TOKEN * sum(m.tokens for m in messages)
+    return size + sum(
+        _id_chars(m) for m in messages if m.tool_call_id or m.tool_calls or m.name
+    )
+
+
+def slot_bytes(slot: Slot) -> int:
+    """What a cached session's slot holds besides the entry: its key strings."""
+    return SLOT_OVERHEAD + len(slot[0]) + len(slot[1]) + len(slot[2]) + len(slot[4])
+
+
+def key_bytes(key: SessionKey, spec: LoadSpec) -> int:
+    """The estimate a session cached under ``key`` and ``spec`` adds for its key."""
+    return slot_bytes(_slot(key, spec))
 
 
 def decision_bytes(decision: Decision | None) -> int:
@@ -107,7 +134,7 @@ class SessionCache:
 
     @property
     def size(self) -> int:
-        """Estimated bytes held across every cached session."""
+        """Estimated bytes held across every cached session, their keys included."""
         return self._size
 
     def known(self, key: SessionKey, spec: LoadSpec) -> CachedSession | None:
@@ -256,15 +283,16 @@ class SessionCache:
 
     def _put(self, slot: Slot, entry: CachedSession) -> None:
         self._drop(slot)
-        if slot[4] == "turn" or entry.size > self.max_bytes:
+        held = entry.size + slot_bytes(slot)
+        if slot[4] == "turn" or held > self.max_bytes:
             return
         self._entries[slot] = entry
-        self._size += entry.size
+        self._size += held
         while self._size > self.max_bytes:
-            _, oldest = self._entries.popitem(last=False)
-            self._size -= oldest.size
+            old_slot, oldest = self._entries.popitem(last=False)
+            self._size -= oldest.size + slot_bytes(old_slot)
 
     def _drop(self, slot: Slot) -> None:
         entry = self._entries.pop(slot, None)
         if entry is not None:
-            self._size -= entry.size
+            self._size -= entry.size + slot_bytes(slot)

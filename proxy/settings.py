@@ -41,6 +41,10 @@ class Settings(BaseSettings):
     # memory for sessions kept decoded across turns, estimated (proxy/session_cache.py);
     # 0 turns the cache off
     session_cache_mb: float = Field(default=16, ge=0)
+    # optional bounds on one request (0 turns one off): its messages, and the bytes of the
+    # headers forwarded upstream (authorization, api keys, provider headers)
+    max_messages_per_request: int = Field(default=100_000, ge=0)
+    max_forwarded_header_bytes: int = Field(default=16 * 1024, ge=0)
     # set by `memory-proxy serve`: after start-up, freeze what exists (imports, tokenizers)
     # out of the cyclic GC's sight and collect the young generation less often (see app.py)
     tune_gc: bool = False

@@ -23,6 +23,7 @@ from proxy.services import Services
 from storage.base import StoreUnavailable
 from strategies import media
 from strategies.base import Strategy, Window, WindowContext
+from strategies.key_cache import MAX_KEY_CHARS
 from strategies.mapper import MappingContext
 from strategies.records import (
     AppendResult,
@@ -371,6 +372,9 @@ async def with_current_turn(
     return [m for m in turn.messages if first is None or m.seq < first] + stored
 
 
+# tool definitions' tokens by (hash of their JSON, model): at most TOOLS_CACHE_SIZE keys
+# of a hash and a model id of at most MAX_KEY_CHARS characters
+TOOLS_CACHE_SIZE = 1024
 _tools_cache: dict[tuple[int, str], int] = {}
 
 
@@ -385,11 +389,13 @@ def tools_tokens(body: dict[str, Any], model: str) -> int:
         raw = orjson.dumps(tools)
     except orjson.JSONEncodeError:
         return 0
+    if len(model) > MAX_KEY_CHARS:  # not remembered: the cache's keys stay small
+        return count_text(raw.decode(), model)
     key = (hash(raw), model)
     cached = _tools_cache.get(key)
     if cached is None:
         cached = count_text(raw.decode(), model)
-        if len(_tools_cache) > 1024:
+        if len(_tools_cache) >= TOOLS_CACHE_SIZE:
             _tools_cache.clear()
         _tools_cache[key] = cached
     return cached

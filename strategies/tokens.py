@@ -38,6 +38,7 @@ from typing import Any
 import tiktoken
 import tiktoken.registry
 
+from strategies.key_cache import short_key_cache
 from strategies.media_tokens import audio_tokens, document_tokens, image_tokens
 
 log = logging.getLogger(__name__)
@@ -108,7 +109,7 @@ def release_python_ranks(encoding: tiktoken.Encoding) -> None:
         encoding._mergeable_ranks = {}
 
 
-@functools.lru_cache(maxsize=1024)
+@short_key_cache(maxsize=1024)
 def encoding_for_model(model: str) -> str:
     """The tiktoken encoding name for a model id; cl100k_base for anything unknown."""
     name = (model or "").strip().lower().rsplit("/", 1)[-1]
@@ -130,7 +131,7 @@ def make_counter(model: str) -> Callable[[str], int]:
     return functools.partial(_count, encoding_for_model(model))
 
 
-@functools.lru_cache(maxsize=64)
+@short_key_cache(maxsize=64)
 def cached_counter(model: str) -> Callable[[str], int]:
     """A counter that remembers the texts it has seen: stubs, summaries and truncations a
     strategy renders every turn are tokenized once per process, not once per request.
@@ -215,7 +216,7 @@ def _field(message: Any, name: str) -> Any:
     return getattr(message, name, None)
 
 
-@functools.lru_cache(maxsize=4096)
+@short_key_cache(maxsize=4096)
 def _count_name(text: str, model: str) -> int:
     """Roles, names and tool names: a few short strings, each tokenized once."""
     return count_text(text, model)

@@ -14,7 +14,7 @@ from e2e import RunningProxy, write_agent
 from summarizing_support import MODEL, sized
 
 from proxy.fake_upstream import Reply
-from proxy.session_cache import SessionCache, decision_bytes, estimated_bytes
+from proxy.session_cache import SessionCache, decision_bytes, estimated_bytes, key_bytes
 from strategies.records import (
     LoadSpec,
     SessionKey,
@@ -83,7 +83,8 @@ def test_a_cached_session_is_what_a_fresh_load_returns(make_proxy, fake, agents_
         entry.size == estimated_bytes(entry.messages) + decision_bytes(entry.decision)
         for _, _, entry in entries
     )
-    assert proxy.services.sessions.size == sum(entry.size for _, _, entry in entries)
+    assert proxy.services.sessions.size == sum(
+        entry.size + key_bytes(key, spec) for key, spec, entry in entries)
     if fetch < 500:
         assert all(len(entry.messages) == fetch for _, _, entry in entries)
         return
@@ -323,10 +324,10 @@ def snapshot(version: int, count: int) -> SessionSnapshot:
 
 
 def test_the_cache_holds_at_most_its_bound_dropping_the_least_recent():
-    four = estimated_bytes(tuple(snapshot(1, 4).messages))
-    cache = SessionCache(max_bytes=2 * four + 1)
     spec = LoadSpec(limit=500)
     keys = [SessionKey("ns", "a", f"s{i}") for i in range(3)]
+    four = estimated_bytes(tuple(snapshot(1, 4).messages)) + key_bytes(keys[0], spec)
+    cache = SessionCache(max_bytes=2 * four + 1)
     for key in keys:
         cache.fill(key, spec, snapshot(1, 4))
         assert cache.size <= cache.max_bytes
@@ -420,7 +421,7 @@ def test_a_grown_snapshot_is_appended_to_the_page_held():
     assert (entry.version, entry.head_seq) == (4, 6)
     assert list(entry.messages) == caught_up.messages
     assert entry.size == estimated_bytes(entry.messages)
-    assert cache.size == entry.size
+    assert cache.size == entry.size + key_bytes(key, spec)
 
 
 def test_a_grown_snapshot_is_refused_when_the_page_held_changed_or_does_not_lead_to_it():
@@ -497,7 +498,7 @@ def test_a_grown_snapshot_keeps_the_decision_of_this_process_s_last_turn():
     entry = cache.known(key, spec)
     assert cache.decision(key, spec, 5) is decision and cache.decision(key, spec, 4) is None
     assert entry.size == estimated_bytes(entry.messages) + decision_bytes(decision)
-    assert cache.size == entry.size
+    assert cache.size == entry.size + key_bytes(key, spec)
 
     # two more: the limit cuts the page's first message, the decision's records with it
     more = chained([record(8, "eight"), record(9, "nine")], new[-1].chain)
@@ -505,4 +506,4 @@ def test_a_grown_snapshot_keeps_the_decision_of_this_process_s_last_turn():
     entry = cache.known(key, spec)
     assert [m.seq for m in entry.messages] == list(range(2, 10))
     assert entry.decision is None and cache.decision(key, spec, 6) is None
-    assert entry.size == estimated_bytes(entry.messages) == cache.size
+    assert entry.size == estimated_bytes(entry.messages) == cache.size - key_bytes(key, spec)

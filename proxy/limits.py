@@ -1,0 +1,88 @@
+"""Bounds on what a client chooses, checked before any memory work.
+
+Identifier-like strings (the model, message and tool names, tool call ids) key the
+process's caches (tokenizers, model info, name token counts, tool token counts) and sit
+in the session cache: each is at most ``MAX_IDENTIFIER_CHARS`` characters, or the request
+is a 400 naming the field (OpenAI's own ``string_above_max_length``). The optional limits
+of ``Settings`` (messages per request, forwarded header bytes) answer with their own 4xx.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from proxy.errors import BadRequest, ProxyError
+from proxy.settings import Settings
+
+# model ids, names and ids of every provider fit with room to spare (OpenAI: 64 for names)
+MAX_IDENTIFIER_CHARS = 256
+
+
+class HeadersTooLarge(ProxyError):
+    status_code = 431
+    error_type = "invalid_request_error"
+    code = "request_headers_too_large"
+
+
+def _bounded(value: Any, param: str) -> None:
+    if isinstance(value, str) and len(value) > MAX_IDENTIFIER_CHARS:
+        raise BadRequest(
+            f"Invalid '{param}': string too long. Expected a string with maximum length "
+            f"{MAX_IDENTIFIER_CHARS}, but got a string with length {len(value)} instead.",
+            param=param,
+            code="string_above_max_length",
+        )
+
+
+def _function_name(holder: Any, param: str) -> None:
+    if isinstance(holder, Mapping):
+        function = holder.get("function")
+        if isinstance(function, Mapping):
+            _bounded(function.get("name"), f"{param}.function.name")
+        _bounded(holder.get("name"), f"{param}.name")
+
+
+def check_identifiers(body: Mapping[str, Any], messages: list[dict[str, Any]]) -> None:
+    """Raise a 400 for an identifier-like field past ``MAX_IDENTIFIER_CHARS``; ``messages``
+    are already validated (``history_sync.validate_messages``)."""
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise BadRequest("'model' must be a string", param="model")
+    _bounded(model, "model")
+    for index, message in enumerate(messages):
+        if len(message) == 2 and "content" in message:
+            continue  # role and content: nothing to check (most messages)
+        param = f"messages[{index}]"
+        _bounded(message.get("name"), f"{param}.name")
+        _bounded(message.get("tool_call_id"), f"{param}.tool_call_id")
+        for number, call in enumerate(message.get("tool_calls") or ()):
+            _bounded(call.get("id"), f"{param}.tool_calls[{number}].id")
+            _function_name(call, f"{param}.tool_calls[{number}]")
+    tools = body.get("tools")
+    if isinstance(tools, list):
+        for number, tool in enumerate(tools):
+            _function_name(tool, f"tools[{number}]")
+    _function_name(body.get("tool_choice"), "tool_choice")
+
+
+def check_limits(
+    settings: Settings, messages: list[dict[str, Any]], forwarded: Mapping[str, str]
+) -> None:
+    """The optional limits of ``Settings`` (0 turns one off)."""
+    most = settings.max_messages_per_request
+    if most and len(messages) > most:
+        raise BadRequest(
+            f"'messages' has {len(messages)} messages; this proxy takes at most {most} per "
+            "request (MEMORY_PROXY_MAX_MESSAGES_PER_REQUEST)",
+            param="messages",
+            code="too_many_messages",
+        )
+    limit = settings.max_forwarded_header_bytes
+    if limit:
+        size = sum(len(name) + len(value) for name, value in forwarded.items())
+        if size > limit:
+            raise HeadersTooLarge(
+                f"the headers forwarded upstream ({', '.join(forwarded)}) take {size} bytes; "
+                f"this proxy takes at most {limit} (MEMORY_PROXY_MAX_FORWARDED_HEADER_BYTES)"
+            )
