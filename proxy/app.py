@@ -20,6 +20,7 @@ from starlette.types import Receive, Scope, Send
 from proxy import model_info
 from proxy.admin.security import CrossSiteWrites
 from proxy.agents import AgentRegistry
+from proxy.auth import FailedAttempts
 from proxy.chat import chat_app, chat_path_params, forwarded_headers
 from proxy.compact import compact_session
 from proxy.errors import ProxyError
@@ -205,6 +206,7 @@ def create_app(
         part_reader=load_part_reader(settings.part_reader, store),
         summarizer_budget=CallBudget(settings.summarizer_calls_per_hour),
         sessions=SessionCache(int(settings.session_cache_mb * 1024 * 1024)),
+        admin_failures=FailedAttempts(settings.admin_auth_failures_per_minute),
     )
 
     @contextlib.asynccontextmanager

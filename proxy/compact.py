@@ -74,7 +74,7 @@ async def compact(services: Services, key: SessionKey) -> dict[str, object]:
 
 async def compact_session(request: Request) -> Response:
     services: Services = request.app.state.services
-    require_admin(request, services.settings)
+    require_admin(request, services.settings, services.admin_failures)
     key = await requested_session(services, request)
     result = await compact(services, key)
     result["memory"] = await inspect_session(services, key)

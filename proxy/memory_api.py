@@ -15,7 +15,7 @@ from storage.base import StoreUnavailable
 
 async def list_sessions(request: Request) -> Response:
     services: Services = request.app.state.services
-    require_admin(request, services.settings)
+    require_admin(request, services.settings, services.admin_failures)
     agent = request.path_params["agent"]
     try:
         sessions = await services.store.list_sessions(agent)
@@ -31,7 +31,7 @@ async def list_sessions(request: Request) -> Response:
 
 async def session_memory(request: Request) -> Response:
     services: Services = request.app.state.services
-    require_admin(request, services.settings)
+    require_admin(request, services.settings, services.admin_failures)
     key = await requested_session(services, request)
     view = await inspect_session(services, key)
     headers = {

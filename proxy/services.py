@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.agents import AgentRegistry
+from proxy.auth import FailedAttempts
 from proxy.session_cache import SessionCache
 from proxy.settings import Settings
 from proxy.upstream.base import Upstream
@@ -41,6 +42,8 @@ class Services:
     # sessions kept decoded between turns
     sessions: SessionCache = field(default_factory=lambda: SessionCache(0))
     started: bool = False
+    # failed admin authentications per client address (proxy/auth.py)
+    admin_failures: FailedAttempts = field(default_factory=lambda: FailedAttempts(10))
     # chat requests being served: with others under way, a turn's append may share their
     # commit (Store.append_turn's with_others)
     chats_under_way: int = 0

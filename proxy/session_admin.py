@@ -48,7 +48,7 @@ async def session_key(services: Services, agent: str, session: str, namespace: s
 
 async def delete_session(request: Request) -> Response:
     services: Services = request.app.state.services
-    require_admin(request, services.settings)
+    require_admin(request, services.settings, services.admin_failures)
     params = request.path_params
     try:
         key = await session_key(

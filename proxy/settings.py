@@ -41,6 +41,9 @@ class Settings(BaseSettings):
     # memory for sessions kept decoded across turns, estimated (proxy/session_cache.py);
     # 0 turns the cache off
     session_cache_mb: float = Field(default=16, ge=0)
+    # failed admin authentications (wrong Bearer token or login) allowed per client address
+    # per minute; past it the address gets 429s until its minute ends (0 turns it off)
+    admin_auth_failures_per_minute: int = Field(default=10, ge=0)
     # optional bounds on one request (0 turns one off): its messages, and the bytes of the
     # headers forwarded upstream (authorization, api keys, provider headers)
     max_messages_per_request: int = Field(default=100_000, ge=0)

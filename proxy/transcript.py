@@ -239,5 +239,5 @@ async def transcript_response(services: Services, request: Request) -> Response:
 
 async def session_transcript(request: Request) -> Response:
     services: Services = request.app.state.services
-    require_admin(request, services.settings)
+    require_admin(request, services.settings, services.admin_failures)
     return await transcript_response(services, request)

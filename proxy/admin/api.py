@@ -40,7 +40,7 @@ def admin_api(handler: Endpoint) -> Endpoint:
     async def endpoint(request: Request) -> Response:
         services: Services = request.app.state.services
         try:
-            require_admin(request, services.settings)
+            require_admin(request, services.settings, services.admin_failures)
             check_loopback_host(request, services.settings)
             return await handler(request)
         except ProxyError as exc:

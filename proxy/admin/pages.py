@@ -25,7 +25,7 @@ from proxy.admin.security import (
     set_admin_cookie,
     verify_csrf,
 )
-from proxy.auth import is_admin, require_admin, token_matches
+from proxy.auth import TooManyAttempts, admitted, client_address, require_admin, token_matches
 from proxy.compact import compact
 from proxy.errors import BadRequest, ProxyError, Unauthorized
 from proxy.inspect import find_session, inspect_session
@@ -70,7 +70,9 @@ def login_page(request: Request, *, status_code: int, error: str | None = None,
 
 def error_page(request: Request, exc: ProxyError) -> Response:
     inc("memory_proxy_errors_total", type=exc.error_type)
-    return render(request, "error.html", {"error": exc}, status_code=exc.status_code)
+    page = render(request, "error.html", {"error": exc}, status_code=exc.status_code)
+    page.headers.update(exc.headers)  # a 429's Retry-After
+    return page
 
 
 def admin_page(handler: Page) -> Page:
@@ -78,9 +80,10 @@ def admin_page(handler: Page) -> Page:
 
     @functools.wraps(handler)
     async def endpoint(request: Request) -> Response:
-        settings = services_of(request).settings
+        services = services_of(request)
+        settings = services.settings
         try:
-            require_admin(request, settings)
+            require_admin(request, settings, services.admin_failures)
             check_loopback_host(request, settings)
             return await handler(request)
         except Unauthorized:
@@ -108,19 +111,26 @@ def see_other(url: str) -> RedirectResponse:
 
 
 async def login(request: Request) -> Response:
-    settings = services_of(request).settings
+    services = services_of(request)
+    settings, failures = services.settings, services.admin_failures
     secret = settings.admin_secret()
-    if secret is None or (request.method == "GET" and is_admin(request, settings)):
-        return see_other(safe_next(request.query_params.get("next")))
-    if request.method == "GET":
-        return login_page(request, status_code=200,
-                          next_url=request.query_params.get("next") or "/admin/")
     try:
+        if secret is None or (request.method == "GET" and admitted(request, settings, failures)):
+            return see_other(safe_next(request.query_params.get("next")))
+        if request.method == "GET":
+            return login_page(request, status_code=200,
+                              next_url=request.query_params.get("next") or "/admin/")
         form = await read_form(request)
+        failures.check(client_address(request))
+    except TooManyAttempts as exc:
+        page = login_page(request, status_code=429, error=exc.message)
+        page.headers.update(exc.headers)
+        return page
     except ProxyError as exc:
         return error_page(request, exc)
     target = safe_next(form.get("next"))
     if not token_matches(secret, form.get("token", "").strip()):
+        failures.record(client_address(request))
         return login_page(request, status_code=401, next_url=target,
                           error="That admin token is not valid.")
     response = see_other(target)

@@ -25,6 +25,7 @@ from starlette.requests import HTTPConnection
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from proxy.auth import ADMIN_COOKIE_MAX_AGE, session_cookie
 from proxy.auth import COOKIE as ADMIN_COOKIE
 from proxy.errors import Forbidden
 from proxy.settings import LOOPBACK_HOSTS, Settings
@@ -33,7 +34,6 @@ CSRF_COOKIE = "mp_csrf"
 CSRF_FIELD = "csrf_token"
 CSRF_HEADER = "x-csrf-token"
 COOKIE_PATH = "/admin"
-ADMIN_COOKIE_MAX_AGE = 12 * 3600
 
 CONTENT_SECURITY_POLICY = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -200,9 +200,10 @@ def check_loopback_host(conn: HTTPConnection, settings: Settings) -> None:
 
 
 def set_admin_cookie(response: Response, conn: HTTPConnection, token: str) -> None:
+    """The login cookie: a session value derived from the token, never the token."""
     response.set_cookie(
-        ADMIN_COOKIE, token, max_age=ADMIN_COOKIE_MAX_AGE, path=COOKIE_PATH, httponly=True,
-        samesite="strict", secure=is_https(conn),
+        ADMIN_COOKIE, session_cookie(token), max_age=ADMIN_COOKIE_MAX_AGE, path=COOKIE_PATH,
+        httponly=True, samesite="strict", secure=is_https(conn),
     )
 
 
