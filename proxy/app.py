@@ -39,9 +39,10 @@ from proxy.session_cache import SessionCache
 from proxy.settings import Settings
 from proxy.summarizer import CallBudget
 from proxy.transcript import session_transcript
-from proxy.upstream.base import Upstream
+from proxy.upstream.base import Upstream, header_secrets
 from storage.base import Store
 from storage.parts import load_part_reader
+from storage.redact import mask_body
 from storage.registry import open_store
 from strategies.mapper import load_mapper
 
@@ -109,9 +110,14 @@ async def ready(request: Request) -> Response:
 
 async def models(request: Request) -> Response:
     services: Services = request.app.state.services
-    response = await services.upstream.models(forwarded_headers(request.headers))
+    headers = forwarded_headers(request.headers)
+    response = await services.upstream.models(headers)
+    body = response.body
+    if response.status_code >= 400:  # an error may echo the key it was sent
+        secrets = header_secrets(headers, services.settings.upstream_key())
+        body = mask_body(body, secrets)
     return Response(
-        response.body,
+        body,
         status_code=response.status_code,
         media_type=response.headers.get("content-type", "application/json"),
     )

@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from storage.redact import mask_url
+from storage.redact import mask_body, mask_secrets
 
 
 class ProxyError(Exception):
@@ -37,8 +37,9 @@ class ProxyError(Exception):
         code: str | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:
-        # a URL in an error (the store's, the upstream's) never shows its password
-        message = mask_url(message)
+        # a URL in an error (the store's, the upstream's) never shows its password, nor
+        # does an error show a key-like string (sk-…, Bearer …)
+        message = mask_secrets(message)
         super().__init__(message)
         self.message = message
         self.param = param
@@ -106,12 +107,17 @@ class UpstreamError(ProxyError):
 
 
 class UpstreamStatusError(UpstreamError):
-    """The upstream answered with an error status: its status and body pass through."""
+    """The upstream answered with an error status: its status and body pass through, with
+    key-like strings and the ``secrets`` of the call (the client's key, the upstream's)
+    masked: an upstream may echo the key it was sent."""
 
-    def __init__(self, message: str, *, status_code: int, body: bytes, content_type: str) -> None:
+    def __init__(
+        self, message: str, *, status_code: int, body: bytes, content_type: str,
+        secrets: tuple[str, ...] = (),
+    ) -> None:
         super().__init__(message)
         self.status_code = status_code
-        self.raw_body = body
+        self.raw_body = mask_body(body, secrets)
         self.content_type = content_type
 
     def body(self) -> bytes:

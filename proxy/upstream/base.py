@@ -26,6 +26,27 @@ class UpstreamRequest:
     def model(self) -> str:
         return str(self.body.get("model", ""))
 
+    def secrets(self, *keys: str | None) -> tuple[str, ...]:
+        """What an error passed back must not show: the client's key and ``keys``."""
+        return header_secrets(self.headers, *keys)
+
+
+# the headers whose values are credentials (as forwarded: lower-case names)
+CREDENTIAL_HEADERS = ("authorization", "api-key", "x-api-key")
+
+
+def header_secrets(headers: dict[str, str], *keys: str | None) -> tuple[str, ...]:
+    """The credentials among ``headers`` (a Bearer token without its scheme) and ``keys``."""
+    found = [key for key in keys if key]
+    for name in CREDENTIAL_HEADERS:
+        value = headers.get(name)
+        if value:
+            found.append(value)
+            _scheme, _, token = value.partition(" ")
+            if token.strip():
+                found.append(token.strip())
+    return tuple(found)
+
 
 @dataclass(slots=True)
 class UpstreamResponse:

@@ -72,8 +72,11 @@ def _error_body(exc: Exception, status: int) -> bytes:
 
 
 @contextmanager
-def translate_errors(litellm: Any, model: str) -> Iterator[None]:
-    """The one seam where litellm's exceptions become ``proxy.errors``."""
+def translate_errors(
+    litellm: Any, model: str, secrets: tuple[str, ...] = ()
+) -> Iterator[None]:
+    """The one seam where litellm's exceptions become ``proxy.errors`` (``secrets``: the
+    keys of the call, masked in an error body that echoes them)."""
     try:
         yield
     except litellm.Timeout as exc:
@@ -90,7 +93,7 @@ def translate_errors(litellm: Any, model: str) -> Iterator[None]:
             raise
         raise UpstreamStatusError(
             f"{model}: upstream answered {status}", status_code=status,
-            body=_error_body(exc, status), content_type="application/json",
+            body=_error_body(exc, status), content_type="application/json", secrets=secrets,
         ) from exc
 
 
@@ -99,11 +102,14 @@ class LitellmStream:
 
     status_code = 200
 
-    def __init__(self, wrapper: Any, litellm: Any, model: str) -> None:
+    def __init__(
+        self, wrapper: Any, litellm: Any, model: str, secrets: tuple[str, ...] = ()
+    ) -> None:
         self.headers = dict(_SSE_HEADERS)
         self._wrapper = wrapper
         self._litellm = litellm
         self._model = model
+        self._secrets = secrets
         self._done = False
 
     def __aiter__(self) -> LitellmStream:
@@ -113,7 +119,7 @@ class LitellmStream:
         if self._done:
             raise StopAsyncIteration
         try:
-            with translate_errors(self._litellm, self._model):
+            with translate_errors(self._litellm, self._model, self._secrets):
                 chunk = await self._wrapper.__anext__()
         except StopAsyncIteration:
             self._done = True
@@ -194,8 +200,9 @@ class LitellmUpstream:
     async def chat(self, request: UpstreamRequest) -> UpstreamResponse:
         await self.start()
         litellm = self._litellm
-        with translate_errors(litellm, request.model):
-            response = await litellm.acompletion(**self._kwargs(request), stream=False)
+        kwargs = self._kwargs(request)
+        with translate_errors(litellm, request.model, request.secrets(kwargs.get("api_key"))):
+            response = await litellm.acompletion(**kwargs, stream=False)
         return UpstreamResponse(200, orjson.dumps(response.model_dump()), dict(_JSON_HEADERS))
 
     async def chat_stream(self, request: UpstreamRequest) -> LitellmStream:
@@ -205,9 +212,10 @@ class LitellmUpstream:
         options = request.body.get("stream_options")
         if options:
             kwargs["stream_options"] = options
-        with translate_errors(litellm, request.model):
+        secrets = request.secrets(kwargs.get("api_key"))
+        with translate_errors(litellm, request.model, secrets):
             wrapper = await litellm.acompletion(**kwargs, stream=True)
-        return LitellmStream(wrapper, litellm, request.model)
+        return LitellmStream(wrapper, litellm, request.model, secrets)
 
     async def models(self, headers: dict[str, str]) -> UpstreamResponse:
         if self.model_ids is None:

@@ -262,6 +262,7 @@ class OpenAIUpstream:
                 status_code=response.status,
                 body=error_body,
                 content_type=response.headers.get("content-type", ""),
+                secrets=request.secrets(self.api_key),
             )
         return response
 
