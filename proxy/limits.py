@@ -4,7 +4,8 @@ Identifier-like strings (the model, message and tool names, tool call ids) key t
 process's caches (tokenizers, model info, name token counts, tool token counts) and sit
 in the session cache: each is at most ``MAX_IDENTIFIER_CHARS`` characters, or the request
 is a 400 naming the field (OpenAI's own ``string_above_max_length``). The optional limits
-of ``Settings`` (messages per request, forwarded header bytes) answer with their own 4xx.
+of ``Settings`` (messages per request, forwarded header bytes, sessions per API key)
+answer with their own 4xx.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from proxy.errors import BadRequest, ProxyError
+from proxy.errors import BadRequest, ProxyError, StoreUnavailableError
 from proxy.settings import Settings
+from storage.base import Store, StoreUnavailable
 
 # model ids, names and ids of every provider fit with room to spare (OpenAI: 64 for names)
 MAX_IDENTIFIER_CHARS = 256
@@ -23,6 +25,12 @@ class HeadersTooLarge(ProxyError):
     status_code = 431
     error_type = "invalid_request_error"
     code = "request_headers_too_large"
+
+
+class TooManySessions(ProxyError):
+    status_code = 403
+    error_type = "permission_error"
+    code = "too_many_sessions"
 
 
 def _bounded(value: Any, param: str) -> None:
@@ -86,3 +94,20 @@ def check_limits(
                 f"the headers forwarded upstream ({', '.join(forwarded)}) take {size} bytes; "
                 f"this proxy takes at most {limit} (MEMORY_PROXY_MAX_FORWARDED_HEADER_BYTES)"
             )
+
+
+async def check_new_session(settings: Settings, store: Store, namespace: str) -> None:
+    """Before a turn creates a session: refused (403) when its API key already has
+    ``max_sessions_per_key`` sessions (one store count; 0: no limit)."""
+    most = settings.max_sessions_per_key
+    if not most:
+        return
+    try:
+        count = await store.count_sessions(namespace)
+    except StoreUnavailable as exc:
+        raise StoreUnavailableError(f"memory store unavailable: {exc}") from exc
+    if count >= most:
+        raise TooManySessions(
+            f"this API key has {count} sessions, the most this proxy keeps per key "
+            f"(MEMORY_PROXY_MAX_SESSIONS_PER_KEY); delete some or use an existing session"
+        )

@@ -48,6 +48,9 @@ class Settings(BaseSettings):
     # headers forwarded upstream (authorization, api keys, provider headers)
     max_messages_per_request: int = Field(default=100_000, ge=0)
     max_forwarded_header_bytes: int = Field(default=16 * 1024, ge=0)
+    # sessions one API key may create (0: no limit; sessions are never deleted on their own,
+    # so a bound would in time refuse a long-lived key's new conversations)
+    max_sessions_per_key: int = Field(default=0, ge=0)
     # set by `memory-proxy serve`: after start-up, freeze what exists (imports, tokenizers)
     # out of the cyclic GC's sight and collect the young generation less often (see app.py)
     tune_gc: bool = False

@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from proxy import history_sync, parts, sync_plan, tool_caps
+from proxy import history_sync, limits, parts, sync_plan, tool_caps
 from proxy.agents import ResolvedAgent
 from proxy.errors import StoreUnavailableError
 from proxy.identity import Identity
@@ -234,6 +234,8 @@ async def prepare_turn(
     agent, strategy, spec, snapshot = await load_snapshot(
         services, key, agent, fingerprints if resends else None
     )
+    if not snapshot.exists:
+        await limits.check_new_session(services.settings, services.store, key.namespace)
 
     sync = sync_plan.plan_sync(mode, fingerprints, snapshot, retry)
     if sync_plan.needs_earlier(fingerprints, snapshot, sync):

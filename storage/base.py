@@ -137,6 +137,9 @@ class Store(Protocol):
         (two API keys may use one id), newest activity first: exact, however many
         sessions the agent has."""
 
+    async def count_sessions(self, namespace: str) -> int:
+        """How many sessions one client namespace (API key) has, across agents."""
+
     async def delete_session(self, key: SessionKey) -> bool:
         """Remove every record of a session and its index entries."""
 

@@ -192,6 +192,7 @@ class RedisStore:
         indexes = (
             (b"ZADD", AGENTS, stamp, key.agent),
             (b"ZADD", _sessions_key(key.agent), stamp, orjson.dumps([key.namespace, key.session])),
+            (b"SADD", _namespace_key(key.namespace), orjson.dumps([key.agent, key.session])),
         )
         (first, superseded, meta), *_ = await self._run(
             APPEND, _keys(key, "meta", "msgs", "active", "users", "stubs", "tools"), args, indexes
@@ -356,13 +357,22 @@ class RedisStore:
 
     async def delete_session(self, key: SessionKey) -> bool:
         member = orjson.dumps([key.namespace, key.session])
-        existed, _ = await self._run(
+        existed, *_ = await self._run(
             DELETE,
             _keys(key, *SESSION_PARTS),
             [],
-            ((b"ZREM", _sessions_key(key.agent), member),),
+            (
+                (b"ZREM", _sessions_key(key.agent), member),
+                (b"SREM", _namespace_key(key.namespace), orjson.dumps([key.agent, key.session])),
+            ),
         )
         return bool(existed)
+
+    async def count_sessions(self, namespace: str) -> int:
+        # the namespace's set is kept by append_turn and delete_session (sessions last
+        # written before it existed are not in it until their next turn)
+        with self._errors():
+            return int(await self._redis.scard(_namespace_key(namespace)))
 
     async def get_agent_config(self, agent: str) -> dict[str, Any] | None:
         with self._errors():
@@ -482,6 +492,10 @@ def _evalsha_head(sha: str, keys: tuple[str, ...]) -> bytes:
 
 def _sessions_key(agent: str) -> str:
     return f"mp:agent:{agent}:sessions"
+
+
+def _namespace_key(namespace: str) -> str:
+    return f"mp:ns:{namespace}:sessions"
 
 
 def _agent_config_key(agent: str) -> str:

@@ -369,6 +369,12 @@ class SqliteStore:
         )
         return [SessionInfo(*row) for row in rows]
 
+    async def count_sessions(self, namespace: str) -> int:
+        rows = await self._execute(
+            "SELECT COUNT(*) FROM sessions WHERE namespace = ?", (namespace,)
+        )
+        return int(rows[0][0])
+
     async def delete_session(self, key: SessionKey) -> bool:
         def delete(conn: sqlite3.Connection) -> bool:
             with _Transaction(conn):

@@ -167,3 +167,22 @@ def test_the_optional_request_limits_answer_with_their_own_4xx(
     assert fake.chat_requests == []
     fine = httpx.post(url, headers=AUTH, json={"model": "gpt-4o", "messages": [USER] * 3})
     assert fine.status_code == 200, fine.text
+
+
+def test_a_key_past_its_session_limit_gets_a_403_and_its_sessions_go_on(
+    make_proxy: Callable[..., RunningProxy], fake: FakeUpstream
+) -> None:
+    proxy = make_proxy(max_sessions_per_key=2)
+
+    def turn(session: str, key: str = CLIENT_KEY) -> httpx.Response:
+        return httpx.post(f"{proxy.url('a', session)}/chat/completions",
+                          headers={"Authorization": f"Bearer {key}"},
+                          json={"model": "gpt-4o", "messages": [USER]}, timeout=30)
+
+    assert turn("s1").status_code == 200 and turn("s2").status_code == 200
+    refused = turn("s3")
+    assert refused.status_code == 403 and is_openai_error(refused.json())
+    assert refused.json()["error"]["code"] == "too_many_sessions"
+    assert proxy.stored("a", "s3") == []
+    assert turn("s1").status_code == 200  # an existing session goes on
+    assert turn("s3", key="sk-another-client").status_code == 200  # another key's own count

@@ -970,3 +970,16 @@ async def test_find_sessions_is_exact_whatever_the_agent_has(store: Store) -> No
     assert await store.find_sessions("nobody", "s-0") == []
     await store.delete_session(SessionKey("ns-2", "alpha", "s-0"))
     assert [s.namespace for s in await store.find_sessions("alpha", "s-0")] == ["ns-1"]
+
+
+async def test_count_sessions_counts_one_namespace_across_agents(store: Store) -> None:
+    await append(store, user("q"), key=SessionKey("ns-1", "alpha", "s1"))
+    await append(store, user("q"), key=SessionKey("ns-1", "beta", "s1"))
+    await append(store, user("again"), key=SessionKey("ns-1", "alpha", "s1"))
+    await append(store, user("q"), key=SessionKey("ns-2", "alpha", "s2"))
+
+    assert await store.count_sessions("ns-1") == 2
+    assert await store.count_sessions("ns-2") == 1
+    assert await store.count_sessions("nobody") == 0
+    await store.delete_session(SessionKey("ns-1", "beta", "s1"))
+    assert await store.count_sessions("ns-1") == 1
