@@ -776,7 +776,7 @@ async def test_random_turns_and_rewinds_match_a_model_of_the_log(store: Store) -
 
 # --- Redis only --------------------------------------------------------------------------------
 
-INDEX_PREFIXES = (b"mp:agents", b"mp:agent:", b"mp:agentcfg:")
+INDEX_PREFIXES = (b"mp:agents", b"mp:agent:", b"mp:agentcfg:", b"mp:ns:")
 
 
 async def all_keys(client: Redis) -> list[bytes]:
