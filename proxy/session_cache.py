@@ -90,19 +90,21 @@ def decision_bytes(decision: Decision | None) -> int:
 def _within(
     spec: LoadSpec, messages: tuple[StoredMessage, ...], size: int
 ) -> tuple[tuple[StoredMessage, ...], int]:
-    """A page and its estimated size, cut to the newest ``spec.limit`` messages."""
-    if len(messages) <= spec.limit:
+    """A page and its estimated size, cut to the newest ``spec.limit`` messages. A paged
+    spec's (``fill_ratio``) limit is its page size: its page is kept as loaded, grown by
+    the appends since, and the next load trims it to the window's budget."""
+    if len(messages) <= spec.limit or spec.fill_ratio is not None:
         return messages, size
     cut = len(messages) - spec.limit if spec.limit > 0 else len(messages)
     return messages[cut:], size - estimated_bytes(messages[:cut])
 
 
 # a plain tuple: hashing and comparing it is cheaper than the frozen dataclasses
-Slot = tuple[str, str, str, int, str]
+Slot = tuple[str, str, str, int, str, float | None]
 
 
 def _slot(key: SessionKey, spec: LoadSpec) -> Slot:
-    return (key.namespace, key.agent, key.session, spec.limit, spec.since)
+    return (key.namespace, key.agent, key.session, spec.limit, spec.since, spec.fill_ratio)
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +191,19 @@ class SessionCache:
         else:
             self._drop(slot)
         return True
+
+    def repaged(self, key: SessionKey, spec: LoadSpec, snapshot: SessionSnapshot) -> None:
+        """A page that paging (proxy/paging.py) grew by older messages or trimmed at its
+        start, held in place of the one loaded at the same version. The kept decision
+        goes: its window led with records the page no longer starts with."""
+        slot = _slot(key, spec)
+        entry = self._entries.get(slot)
+        if entry is None or entry.version != snapshot.meta.version:
+            return
+        messages = tuple(snapshot.messages)
+        self._put(slot, CachedSession(
+            entry.version, entry.head_seq, messages, entry.summaries, estimated_bytes(messages)
+        ))  # fmt: skip
 
     def _catch_up(
         self, slot: Slot, spec: LoadSpec, snapshot: SessionSnapshot, known: CachedSession | None

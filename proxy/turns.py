@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from proxy import history_sync, limits, parts, sync_plan, tool_caps
+from proxy import history_sync, limits, paging, parts, sync_plan, tool_caps
 from proxy.agents import ResolvedAgent
 from proxy.errors import StoreUnavailableError
 from proxy.identity import Identity
@@ -124,9 +124,12 @@ async def load_snapshot(
     key: SessionKey,
     agent: ResolvedAgent,
     resent: history_sync.Fingerprints | None,
+    model: str | None = None,
 ) -> tuple[ResolvedAgent, Strategy, LoadSpec, SessionSnapshot]:
     """Load with the config known for the agent; reload once if the stored override
-    changed the strategy's load spec (an admin edit seen for the first time here)."""
+    changed the strategy's load spec (an admin edit seen for the first time here). A
+    paged spec's page is then filled to the window's budget for ``model`` (the session's
+    stored model when None)."""
     strategy = get_strategy(agent.config.kind)
     spec = strategy.load_spec(agent.config)
     snapshot = await load_session(services, key, spec, resent)
@@ -138,6 +141,19 @@ async def load_snapshot(
         if new_spec != spec:
             snapshot = await load_session(services, key, new_spec, resent)
         spec = new_spec
+    if spec.fill_ratio is not None and snapshot.exists:
+        if model is None:
+            model = snapshot.meta.model or agent.definition.llm.model or ""
+        try:
+            await paging.fill_page(
+                services, key, spec, snapshot,
+                context_window=agent.context_window(
+                    model, services.settings.default_context_window
+                ),
+                count_tokens=cached_counter(model),
+            )
+        except StoreUnavailable as exc:
+            raise StoreUnavailableError(f"memory store unavailable: {exc}") from exc
     return agent, strategy, spec, snapshot
 
 
@@ -232,7 +248,7 @@ async def prepare_turn(
         conversation, history_sync.RESENT if resends else None
     )
     agent, strategy, spec, snapshot = await load_snapshot(
-        services, key, agent, fingerprints if resends else None
+        services, key, agent, fingerprints if resends else None, model
     )
     if not snapshot.exists:
         await limits.check_new_session(services.settings, services.store, key.namespace)

@@ -193,10 +193,17 @@ class SessionMeta:
 class LoadSpec:
     """What a strategy needs loaded: at most ``limit`` active messages from the tail,
     restricted to those after the latest compaction boundary (``boundary``) or to the
-    current turn, starting at the latest user message (``turn``)."""
+    current turn, starting at the latest user message (``turn``).
+
+    ``fill_ratio``: ``limit`` is a page size, not a bound. The store reads one page as
+    always; the proxy then reads older pages (``Store.get_range``) until the messages
+    after the latest summary hold ``fill_ratio`` x the context window (calibrated), or the
+    log has no more (proxy/paging.py). What a turn loads follows the window's budget, not
+    the history."""
 
     limit: int = 500
     since: LoadSince = "all"
+    fill_ratio: float | None = None
 
 
 @dataclass(slots=True)

@@ -126,7 +126,12 @@ class SummarizingWindowStrategy:
     kind = "summarizing_window"
 
     def load_spec(self, config: SummarizingWindowConfig) -> LoadSpec:
-        return LoadSpec(limit=config.maxHistoryFetch, since="all")
+        """maxHistoryFetch is the page size when loading history: pages are read until
+        the window's budget is full (or the history ends), so pressure and the
+        autoSummarize trigger are measured on what the budget could hold."""
+        return LoadSpec(
+            limit=config.maxHistoryFetch, since="all", fill_ratio=config.maxConversationRatio
+        )
 
     def select(self, ctx: WindowContext) -> Window:
         """The window for this turn. Pressure (compression rule 3) is measured on the live

@@ -59,8 +59,8 @@ def sent(fake, start: int = 0) -> list[list[dict]]:
 def cached_entries(proxy: RunningProxy) -> list[tuple[SessionKey, LoadSpec, object]]:
     cache = proxy.services.sessions
     return [
-        (SessionKey(ns, agent, session), LoadSpec(limit, since), entry)  # type: ignore[arg-type]
-        for (ns, agent, session, limit, since), entry in cache._entries.items()
+        (SessionKey(ns, agent, session), LoadSpec(limit, since, fill), entry)  # type: ignore[arg-type]
+        for (ns, agent, session, limit, since, fill), entry in cache._entries.items()
     ]
 
 
@@ -74,7 +74,10 @@ def test_a_cached_session_is_what_a_fresh_load_returns(make_proxy, fake, agents_
     entries = cached_entries(proxy)
     assert entries, "the session was not cached"
     for key, spec, entry in entries:
-        fresh: SessionSnapshot = proxy.call(proxy.services.store.load(key, spec))
+        # a paged spec's entry holds the pages its window's budget needed: the same tail
+        # read at once
+        whole = LoadSpec(max(spec.limit, len(entry.messages)), spec.since)
+        fresh: SessionSnapshot = proxy.call(proxy.services.store.load(key, whole))
         assert entry.version == fresh.meta.version
         assert list(entry.messages) == fresh.messages
         assert list(entry.summaries) == fresh.summaries
@@ -86,7 +89,8 @@ def test_a_cached_session_is_what_a_fresh_load_returns(make_proxy, fake, agents_
     assert proxy.services.sessions.size == sum(
         entry.size + key_bytes(key, spec) for key, spec, entry in entries)
     if fetch < 500:
-        assert all(len(entry.messages) == fetch for _, _, entry in entries)
+        # more than one page: what the budget holds
+        assert all(len(entry.messages) > fetch for _, _, entry in entries)
         return
     # the large tool result was compressed, and the cached copy knows it
     assert any(m.compressed_content for _, _, e in entries for m in e.messages)

@@ -176,25 +176,6 @@ def test_compress_tool_results_false_sends_every_result_whole(make_proxy, fake, 
     assert all(m.compressed_content is None for m in proxy.stored("verbatim", "s"))
 
 
-def test_max_history_fetch_is_the_page_size(make_proxy, fake, agents_dir):
-    write_agent(agents_dir, "paged", llm={"model": MODEL},
-                memoryConfig={"kind": "summarizing_window", "maxHistoryFetch": 5})
-    scripted(fake)
-    proxy = make_proxy()
-    session = DeltaSession(proxy.client("paged", "s"), fake)
-    for n in range(6):
-        session.say(f"question {n}")
-    # five stored messages loaded (q3 a3 q4 a4 ... from the tail), the window opens with
-    # a user message, and the new one is added
-    sent = session.sent[-1]
-    assert [m["content"] for m in sent.messages if m["role"] == "user"] == [
-        "question 3", "question 4", "question 5"]
-    assert modified(sent.headers)
-    view = memory_view(proxy, "paged", "s")
-    assert view["totals"]["messages_loaded"] == 5
-    assert view["totals"]["messages_stored"] == 12
-
-
 # --- autoSummarize -------------------------------------------------------------------------
 
 
