@@ -1,4 +1,5 @@
-"""Running a strategy's SummarizePlan: one summarizer call, one summary record.
+"""Running a strategy's SummarizePlan: summarizer calls (in chunks when the plan does not
+fit one call's input), one summary record.
 
 Called after a response (never on the request path) and by the Compact action. A
 per-session lock shared through the store makes one replica do the work; the write is a
@@ -25,7 +26,12 @@ from storage.base import Store, StoreUnavailable
 from strategies.base import SummarizePlan
 from strategies.records import LoadSpec, SessionKey, SummaryRecord
 from strategies.summarizing_window import latest_summary
-from strategies.summary_prompt import build_summary_messages, sanitize_summary
+from strategies.summary_prompt import (
+    build_summary_messages,
+    chunk_end,
+    sanitize_summary,
+    transcript_budget,
+)
 from strategies.tokens import count_text, make_counter
 
 logger = logging.getLogger("memory_proxy.summarizer")
@@ -142,6 +148,67 @@ async def current_plan(
     return dataclasses.replace(plan, messages=messages)
 
 
+async def summarize_chunks(
+    services: Services,
+    key: SessionKey,
+    agent: ResolvedAgent,
+    plan: SummarizePlan,
+    summarizer_model: str,
+    *,
+    headers: dict[str, str],
+    context_window: int,
+) -> tuple[str, SummarizePlan]:
+    """The summary of every message of ``plan``, and the plan it covers.
+
+    The summarizer's input is held to INPUT_SHARE of the context window, which a plan may
+    not fit in (a compaction triggers above it): its messages are then summarized in
+    chunks, each call building on the summary the one before wrote, so every message
+    reaches a call whole (up to the per-item cap). Each call takes one from the session's
+    call budget; when it runs out after the first, the plan is cut to what the calls read
+    (the rest stays unsummarized, for a later run)."""
+    count = make_counter(summarizer_model)
+    max_input = int(context_window * INPUT_SHARE)
+    placement = getattr(agent.config, "summaryPlacement", None)
+    messages = plan.messages
+    running, text, start = plan.previous, "", 0
+    while start < len(messages):
+        if not services.summarizer_budget.take(key):
+            if not start:
+                raise SummarizerError("summarizer call budget for this session is spent for now")
+            logger.info("%s: call budget spent after %d of %d messages", key.session,
+                        start, len(messages))
+            break
+        rest = dataclasses.replace(plan, previous=running, messages=messages[start:])
+        budget = transcript_budget(
+            rest, placement_hint=placement, count_tokens=count, max_input_tokens=max_input
+        )
+        end = chunk_end(messages, start, budget, count)
+        chunk = dataclasses.replace(
+            rest, messages=messages[start:end], to_seq=messages[end - 1].seq
+        )
+        body: dict[str, Any] = {
+            "model": summarizer_model,
+            "messages": build_summary_messages(
+                chunk, placement_hint=placement, count_tokens=count, max_input_tokens=max_input
+            ),
+            "temperature": 0,
+            "max_tokens": summary_max_tokens(context_window),
+        }
+        try:
+            response = await services.upstream.chat(UpstreamRequest(body, headers))
+        except ProxyError as exc:
+            raise SummarizerError(f"summarizer call failed: {exc.message}") from exc
+        text = summary_text(response.body)
+        # what the next call builds on: the summary so far, from the plan's start
+        running = SummaryRecord(
+            kind=plan.kind, text=text, from_seq=plan.from_seq, to_seq=chunk.to_seq
+        )
+        start = end
+    if start < len(messages):
+        plan = dataclasses.replace(plan, messages=messages[:start], to_seq=messages[start - 1].seq)
+    return text, plan
+
+
 async def run_plan(
     services: Services,
     key: SessionKey,
@@ -173,26 +240,11 @@ async def run_plan(
         if current is None:
             return None
         plan = current
-        if not services.summarizer_budget.take(key):
-            raise SummarizerError("summarizer call budget for this session is spent for now")
         summarizer_model = agent.summarizer_model(model)
-        messages = build_summary_messages(
-            plan,
-            placement_hint=getattr(agent.config, "summaryPlacement", None),
-            count_tokens=make_counter(summarizer_model),
-            max_input_tokens=int(context_window * INPUT_SHARE),
+        text, plan = await summarize_chunks(
+            services, key, agent, plan, summarizer_model,
+            headers=headers, context_window=context_window,
         )
-        body: dict[str, Any] = {
-            "model": summarizer_model,
-            "messages": messages,
-            "temperature": 0,
-            "max_tokens": summary_max_tokens(context_window),
-        }
-        try:
-            response = await services.upstream.chat(UpstreamRequest(body, headers))
-        except ProxyError as exc:
-            raise SummarizerError(f"summarizer call failed: {exc.message}") from exc
-        text = summary_text(response.body)
         record = SummaryRecord(
             kind=plan.kind,
             text=text,

@@ -125,56 +125,47 @@ def render_transcript_item(message: StoredMessage, cap: int, count: CountTokens)
     return "\n".join(lines)
 
 
-def _fit(parts: list[str], budget: int, count: CountTokens) -> list[str]:
-    """Drop items from the middle until ``parts`` fits ``budget``: the opening (where the
-    user's goals usually are) and the latest state are the last to go."""
-    total = sum(count(p) for p in parts)
-    if total <= budget or len(parts) <= 2:
-        return parts
-    head, tail = [parts[0]], list(parts[1:])
-    total = count(parts[0]) + sum(count(p) for p in tail)
-    dropped = 0
-    while tail and total > budget:
-        total -= count(tail.pop(0))
-        dropped += 1
-    return [*head, f"[… {dropped} messages omitted to fit the summarizer's input …]", *tail]
-
-
 def build_transcript(
     messages: Sequence[StoredMessage],
     count: CountTokens,
     *,
     budget: int | None = None,
 ) -> str:
-    """The compact transcript of ``messages``; within ``budget`` tokens when given."""
+    """The compact transcript of ``messages``; with ``budget``, the items are capped
+    lower (down to 120 tokens each) until it fits, if it can. Nothing is left out: a
+    transcript that cannot fit one call is split by ``chunk_end`` first."""
     caps = _ITEM_CAP_STEPS if budget is not None else (ITEM_TOKEN_CAP,)
     parts: list[str] = []
     for cap in caps:
         parts = [render_transcript_item(m, cap, count) for m in messages]
         if budget is None or sum(count(p) for p in parts) <= budget:
-            return "\n\n".join(parts)
-    return "\n\n".join(_fit(parts, max(budget or 0, 0), count))
+            break
+    return "\n\n".join(parts)
+
+
+def chunk_end(
+    messages: Sequence[StoredMessage], start: int, budget: int, count: CountTokens
+) -> int:
+    """Where the next summarizer call's share of ``messages`` from ``start`` ends: as many
+    messages as fit ``budget`` (transcript tokens) at the full item cap, at least one."""
+    total = 0
+    end = start
+    while end < len(messages):
+        total += count(render_transcript_item(messages[end], ITEM_TOKEN_CAP, count))
+        if total > budget and end > start:
+            break
+        end += 1
+    return end
 
 
 def _default_count(text: str) -> int:
     return max(1, len(text) // 4) if text else 0
 
 
-def build_summary_messages(
-    plan: SummarizePlan,
-    *,
-    placement_hint: Placement | None = None,
-    count_tokens: CountTokens | None = None,
-    max_input_tokens: int | None = None,
-) -> list[dict[str, Any]]:
-    """The OpenAI messages for the summarizer call of ``plan``.
-
-    A system prompt naming what to preserve, then one user message with the previous
-    summary (when ``plan.previous``, to build upon) and the transcript of
-    ``plan.messages``. Each transcript item is capped (~2,000 tokens) so the call fits;
-    with ``max_input_tokens`` the whole input is held under it.
-    """
-    count = count_tokens or _default_count
+def _prompt_parts(
+    plan: SummarizePlan, placement_hint: Placement | None
+) -> tuple[str, list[str], str]:
+    """The system prompt, the sections before the transcript and the closing line."""
     system = SUMMARY_SYSTEM_PROMPT
     if placement_hint in _PLACEMENT_HINTS:
         system += "\n\n" + _PLACEMENT_HINTS[placement_hint]
@@ -190,14 +181,56 @@ def build_summary_messages(
         if plan.previous is not None
         else "Write the summary now."
     )
-    heading = f"## Transcript (messages {plan.from_seq}-{plan.to_seq})"
+    return system, sections, closing
+
+
+def _heading(plan: SummarizePlan) -> str:
+    messages = plan.messages
+    low, high = (messages[0].seq, messages[-1].seq) if messages else (plan.from_seq, plan.to_seq)
+    return f"## Transcript (messages {low}-{high})"
+
+
+def transcript_budget(
+    plan: SummarizePlan,
+    *,
+    placement_hint: Placement | None = None,
+    count_tokens: CountTokens | None = None,
+    max_input_tokens: int,
+) -> int:
+    """The tokens the transcript may take in ``plan``'s call within ``max_input_tokens``:
+    what the prompt, the previous summary, the headings and the chat format leave."""
+    count = count_tokens or _default_count
+    system, sections, closing = _prompt_parts(plan, placement_hint)
+    fixed = count(system) + sum(count(s) for s in sections) + count(_heading(plan) + closing)
+    # a margin for the chat format's per-message overhead (and the heading's seq digits)
+    return max_input_tokens - fixed - 16
+
+
+def build_summary_messages(
+    plan: SummarizePlan,
+    *,
+    placement_hint: Placement | None = None,
+    count_tokens: CountTokens | None = None,
+    max_input_tokens: int | None = None,
+) -> list[dict[str, Any]]:
+    """The OpenAI messages for the summarizer call of ``plan``.
+
+    A system prompt naming what to preserve, then one user message with the previous
+    summary (when ``plan.previous``, to build upon) and the transcript of
+    ``plan.messages``. Each transcript item is capped (~2,000 tokens) so the call fits;
+    with ``max_input_tokens`` the items are capped lower when the whole would not fit
+    (a plan too long for one call is summarized in chunks: ``chunk_end``).
+    """
+    count = count_tokens or _default_count
+    system, sections, closing = _prompt_parts(plan, placement_hint)
     budget = None
     if max_input_tokens is not None:
-        fixed = count(system) + sum(count(s) for s in sections) + count(heading + closing)
-        # a margin for the chat format's per-message overhead
-        budget = max_input_tokens - fixed - 16
+        budget = transcript_budget(
+            plan, placement_hint=placement_hint, count_tokens=count,
+            max_input_tokens=max_input_tokens,
+        )
     transcript = build_transcript(plan.messages, count, budget=budget)
-    sections.append(f"{heading}\n{transcript}")
+    sections.append(f"{_heading(plan)}\n{transcript}")
     sections.append(closing)
     return [
         {"role": "system", "content": system},

@@ -54,6 +54,17 @@ def summarizer_calls(fake: FakeUpstream) -> list[dict]:
     return [r.body for r in fake.chat_requests if is_summarizer(r.body)]
 
 
+def fresh_runs(fake: FakeUpstream) -> int:
+    """Compactions started from nothing: one call each without a previous summary (a
+    compaction too long for one call goes on in calls that build on the one before)."""
+    return sum("## Previous summary" not in b["messages"][1]["content"]
+               for b in summarizer_calls(fake))
+
+
+def transcripts(calls: list[dict]) -> str:
+    return "\n".join(b["messages"][1]["content"].split("## Transcript", 1)[1] for b in calls)
+
+
 def agent_calls(fake: FakeUpstream) -> list[dict]:
     return [r.body for r in fake.chat_requests if not is_summarizer(r.body)]
 
@@ -106,11 +117,16 @@ def test_an_overflowing_turn_is_compacted_and_the_window_restarts_from_the_summa
         assert [m["content"] for m in body["messages"][1:] if m["role"] == "user"] == [
             turn_text(n) for n in range(1, len(body["messages"]) // 2 + 1)]
 
-    [summarizer] = summarizer_calls(fake)
-    transcript = summarizer["messages"][1]["content"]
-    assert f"## Transcript (messages 1-{2 * last})" in transcript
-    assert all(f"USER: turn {n}:" in transcript for n in range(1, last + 1))
-    assert "## Previous summary" not in transcript
+    # four turns of 255 tokens do not fit one call's input (0.6 x 2,000 tokens): two
+    # calls, the second building on the first's summary
+    calls = summarizer_calls(fake)
+    assert len(calls) == 2 and fresh_runs(fake) == 1
+    assert "(messages 1-" in calls[0]["messages"][1]["content"]
+    assert "SUMMARY 1" in calls[1]["messages"][1]["content"]
+    transcript = transcripts(calls)
+    assert all(transcript.count(f"USER: turn {n}:") == 1 for n in range(1, last + 1))
+    for call in calls:
+        assert sum(count_message(m, "gpt-4o") for m in call["messages"]) <= 0.6 * CONTEXT_WINDOW
 
     snapshot = proxy.snapshot("compact", "s1")
     [record] = snapshot.summaries
@@ -122,12 +138,12 @@ def test_an_overflowing_turn_is_compacted_and_the_window_restarts_from_the_summa
     sent = agent_calls(fake)[-1]["messages"]
     assert [m["role"] for m in sent] == ["system", "user", "user"]
     assert sent[1]["content"].startswith("This session is being continued")
-    assert "SUMMARY 1" in sent[1]["content"]
+    assert "SUMMARY 2" in sent[1]["content"]
     assert sent[2]["content"] == turn_text(last + 1)
     assert headers["x-memory-context-modified"] == "true"
     assert int(headers["x-memory-window-tokens"]) < CONTEXT_WINDOW * 0.5
     proxy.drain()
-    assert len(summarizer_calls(fake)) == 1  # one overflow, one compaction
+    assert len(summarizer_calls(fake)) == 2  # one overflow, one compaction
 
 
 def test_the_summary_lands_in_the_system_prompt_when_configured(make_proxy, fake, agents_dir):
@@ -141,7 +157,7 @@ def test_the_summary_lands_in_the_system_prompt_when_configured(make_proxy, fake
     assert [m["role"] for m in sent] == ["system", "user"]
     assert sent[0]["content"].startswith(SYSTEM["content"])
     assert "## Earlier conversation" in sent[0]["content"]
-    assert "SUMMARY 1" in sent[0]["content"]
+    assert f"SUMMARY {len(summarizer_calls(fake))}" in sent[0]["content"]
     # the summarizer was told where its text goes
     assert "Earlier conversation" in summarizer_calls(fake)[0]["messages"][0]["content"]
 
@@ -152,17 +168,22 @@ def test_a_later_compaction_builds_on_the_earlier_one(make_proxy, fake, agents_d
     proxy = make_proxy()
     client = proxy.client("compact", "s3")
     first = until_compacted(proxy, client, fake)
+    earlier = len(summarizer_calls(fake))
     second = until_compacted(proxy, client, fake, start=first + 1)
-    _, later = summarizer_calls(fake)
-    prompt = later["messages"][1]["content"]
+    later = summarizer_calls(fake)[earlier:]
+    prompt = later[0]["messages"][1]["content"]
     assert f"## Previous summary (messages 1-{2 * first})" in prompt
-    assert "SUMMARY 1" in prompt
-    assert f"## Transcript (messages {2 * first + 1}-{2 * second})" in prompt
-    assert "turn 1:" not in prompt  # the earlier turns reach it through the summary only
+    assert f"SUMMARY {earlier}" in prompt
+    assert f"## Transcript (messages {2 * first + 1}-" in prompt
+    transcript = transcripts(later)
+    assert all(transcript.count(f"USER: turn {n}:") == 1 for n in range(first + 1, second + 1))
+    # the earlier turns reach it through the summary only
+    assert "turn 1:" not in json.dumps(later)
 
     send(client, second + 1)
     sent = json.dumps(agent_calls(fake)[-1]["messages"])
-    assert "SUMMARY 2" in sent and "SUMMARY 1" not in sent
+    latest = earlier + len(later)
+    assert f"SUMMARY {latest}" in sent and f"SUMMARY {earlier}:" not in sent
     records = proxy.snapshot("compact", "s3").summaries
     assert [(r.from_seq, r.to_seq) for r in records] == [
         (1, 2 * first), (2 * first + 1, 2 * second)]
@@ -186,10 +207,10 @@ def test_compaction_never_delays_the_response_and_the_next_turn_waits_for_it(
     send(client, 5)  # arrives while the compaction runs: waits, then restarts from it
     assert time.monotonic() - started > 0.8
     sent = agent_calls(fake)[-1]["messages"]
-    assert "SUMMARY 1" in sent[1]["content"]
+    assert f"SUMMARY {len(summarizer_calls(fake))}" in sent[1]["content"]
     assert sent[-1]["content"] == turn_text(5)
     proxy.drain()
-    assert len(summarizer_calls(fake)) == 1
+    assert fresh_runs(fake) == 1
 
 
 def test_a_turn_that_stops_waiting_is_served_safely_and_nothing_is_lost(
@@ -207,13 +228,13 @@ def test_a_turn_that_stops_waiting_is_served_safely_and_nothing_is_lost(
     assert check_openai_messages(sent) == []
     assert prompt_tokens({"messages": sent}) <= CONTEXT_WINDOW
     proxy.drain()
-    # turn 5 overflowed too, but the running compaction held the lock: one summarizer call
-    assert len(summarizer_calls(fake)) == 1
+    # turn 5 overflowed too, but the running compaction held the lock: one compaction
+    assert fresh_runs(fake) == 1
     [record] = proxy.snapshot("compact", "s5").summaries
     assert record.to_seq == 8  # turns 1-4; turn 5 landed after the planned range
     send(client, 6)
     contents = [m["content"] for m in agent_calls(fake)[-1]["messages"]]
-    assert "SUMMARY 1" in contents[1]
+    assert f"SUMMARY {len(summarizer_calls(fake))}" in contents[1]
     assert contents[2:] == [turn_text(5), "Noted.", turn_text(6)]
     assert len(proxy.stored("compact", "s5")) == 12
 

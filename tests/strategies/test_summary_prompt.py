@@ -9,8 +9,10 @@ from strategies.base import SummarizePlan
 from strategies.records import SummaryRecord
 from strategies.summary_prompt import (
     build_summary_messages,
+    chunk_end,
     render_summary,
     sanitize_summary,
+    transcript_budget,
 )
 
 
@@ -92,20 +94,41 @@ def test_a_very_large_item_is_capped_with_a_marker():
     assert count(text) < 2_500
 
 
-@pytest.mark.parametrize(
-    "limit", [pytest.param(3000, id="fits-by-capping"), pytest.param(600, id="fits-by-eliding")]
-)
-def test_max_input_tokens_bounds_the_whole_call(limit):
+def test_max_input_tokens_bounds_the_whole_call_by_capping_items():
     messages = history(
         user("the goal: ship v2"),
         *[tool(f"c{n}", f"{n} " * 2000) for n in range(10)],
         assistant("latest state"),
     )
-    out = build_summary_messages(plan(messages), count_tokens=count, max_input_tokens=limit)
-    assert sum(count(m["content"]) for m in out) <= limit
+    out = build_summary_messages(plan(messages), count_tokens=count, max_input_tokens=3000)
+    assert sum(count(m["content"]) for m in out) <= 3000
     text = out[1]["content"]
     assert "the goal: ship v2" in text
     assert "latest state" in text
+    assert all(f"[{m.seq}]" in text for m in messages)
+
+
+def test_a_transcript_too_long_for_one_call_is_cut_into_chunks_that_each_fit():
+    messages = history(
+        user("the goal: ship v2"),
+        *[tool(f"c{n}", f"{n} " * 2000) for n in range(10)],
+        assistant("latest state"),
+    )
+    whole = plan(messages)
+    budget = transcript_budget(whole, count_tokens=count, max_input_tokens=2500)
+    chunks, start = [], 0
+    while start < len(messages):
+        end = chunk_end(messages, start, budget, count)
+        assert end > start
+        chunks.append(messages[start:end])
+        start = end
+    assert len(chunks) > 1
+    assert [m.seq for chunk in chunks for m in chunk] == [m.seq for m in messages]
+    for chunk in chunks:
+        out = build_summary_messages(
+            plan(chunk), count_tokens=count, max_input_tokens=2500)
+        assert sum(count(m["content"]) for m in out) <= 2500
+        assert "omitted to fit" not in out[1]["content"]
 
 
 def test_the_placement_hint_is_mentioned():
