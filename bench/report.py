@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import native
+import quality
 from sampling import Profile
 
 # the throughput phase's extra row: C's own server with ``x-memory: off`` on every request
@@ -386,6 +387,9 @@ def render(r: dict[str, Any]) -> str:
                          f"{v['idle_share']:.0%}" if "idle_share" in v else "-"])
     lines += _table(["workers", "concurrency", "req/s", "p50 / p99", "errors", "proxy CPU",
                      "proxy CPU / request", "others / request", "idle"], rows)
+
+    if "quality" in r:
+        lines += quality.render(r["quality"])
 
     lines += ["## Profiles", ""]
     for k, entry in r["profiles"].items():

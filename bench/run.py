@@ -25,6 +25,7 @@ import inprocess
 import load
 import phases
 import populate
+import quality
 import report
 import sampling
 import servers
@@ -150,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="do not create bench/out/venv-* (LiteLLM's proxy, py-spy)")
     parser.add_argument("--skip-litellm", action="store_true", help="leave out target D")
     parser.add_argument("--output", default=str(ROOT / "bench" / "RESULTS.md"))
+    parser.add_argument("--locomo", type=Path,
+                        help="a LoCoMo-format JSON file of your own for the memory-quality phase")
     parser.add_argument("--report-only", action="store_true",
                         help="rewrite the report from bench/out/results.json, measure nothing")
     args = parser.parse_args(argv)
@@ -177,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
 
     env_cpus, sut_cpus = cpu_layout()
     results["cpus"] = {"environment": env_cpus, "server": sut_cpus}
-    with Run(plan, env_cpus, sut_cpus, litellm_reason) as run:
+    with Run(plan, env_cpus, sut_cpus, litellm_reason, args.locomo) as run:
         run.measure(results)
         results["host_speed"] = run.speed.summary()
     results["seconds"] = time.perf_counter() - started
@@ -211,8 +214,9 @@ class Run:
     """The long-lived processes of a run and the phases that use them."""
 
     def __init__(self, plan: Plan, env_cpus: str | None, sut_cpus: str | None,
-                 litellm_reason: str | None) -> None:
+                 litellm_reason: str | None, locomo: Path | None = None) -> None:
         self.plan = plan
+        self.locomo = locomo
         self.env_cpus, self.sut_cpus = env_cpus, sut_cpus
         self.litellm_reason = litellm_reason
         self.started: list[servers.Server] = []
@@ -365,6 +369,9 @@ class Run:
 
         self.step("--workers 1 and 2 on Redis (unpinned)")
         results["workers"] = self.workers(fake, redis, redis_url)
+
+        self.step("memory quality: conversations replayed for every strategy (bench/quality.py)")
+        results["quality"] = quality.measure(quick=plan.quick, locomo=self.locomo)
 
     def summary(self, measured: phases.Measured) -> dict[str, float]:
         return {"p50": measured.p50(), "p99": measured.p99(), "rps": measured.rps(),
