@@ -35,6 +35,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import re
 import sys
 import tempfile
@@ -162,7 +163,7 @@ class Upstream:
         for (key, size), (before, _) in zip(sized, self.previous, strict=False):
             if key != before:
                 # within the first message that differs: its common text prefix
-                prefix = _common_prefix(key.decode(), before.decode())
+                prefix = os.path.commonprefix([key.decode(), before.decode()])  # noqa: RUF071
                 common += count_text(prefix, MODEL) if prefix else 0
                 break
             common += size
@@ -173,14 +174,6 @@ class Upstream:
             self.cache.prompt_tokens += total
             self.cache.cached_tokens += min(cached, total)
         self.previous = sized
-
-
-def _common_prefix(a: str, b: str) -> str:
-    n = 0
-    limit = min(len(a), len(b))
-    while n < limit and a[n] == b[n]:
-        n += 1
-    return a[:n]
 
 
 @dataclass

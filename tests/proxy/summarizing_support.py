@@ -10,7 +10,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 import openai
+from e2e import ADMIN_TOKEN
 
 from proxy.fake_upstream import FakeUpstream, RecordedRequest, Reply
 from strategies.summary_prompt import SUMMARY_SYSTEM_PROMPT
@@ -171,3 +173,11 @@ def modified(headers: dict[str, str]) -> bool:
     value = headers["x-memory-context-modified"]
     assert value in ("true", "false")
     return value == "true"
+
+
+def memory_view(proxy: Any, agent: str, session: str) -> dict[str, Any]:
+    """``GET /memory/{agent}/{session}``: the working memory as the model receives it."""
+    response = httpx.get(f"{proxy.base}/memory/{agent}/{session}",
+                         headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    assert response.status_code == 200
+    return response.json()

@@ -4,11 +4,11 @@ fake upstream)."""
 
 from __future__ import annotations
 
-import httpx
-from e2e import ADMIN_TOKEN, write_agent
+from e2e import write_agent
 from summarizing_support import (
     MODEL,
     DeltaSession,
+    memory_view,
     modified,
     prompt_tokens,
     scripted,
@@ -18,13 +18,6 @@ from summarizing_support import (
 
 WINDOW = 4000
 BUDGET = 3200
-
-
-def memory_view(proxy, agent: str, session: str) -> dict:
-    response = httpx.get(f"{proxy.base}/memory/{agent}/{session}",
-                         headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
-    assert response.status_code == 200
-    return response.json()
 
 
 def paged_agent(agents_dir, name: str, page: int, window: int | None = WINDOW, **config) -> None:

@@ -11,14 +11,14 @@ from __future__ import annotations
 import threading
 import time
 
-import httpx
 import pytest
 import tiktoken
-from e2e import ADMIN_TOKEN, CLIENT_KEY, write_agent
+from e2e import CLIENT_KEY, write_agent
 from summarizing_support import (
     MODEL,
     DeltaSession,
     agent_requests,
+    memory_view,
     modified,
     prompt_tokens,
     read_results,
@@ -46,13 +46,6 @@ TRUNCATED = "[… truncated by memory-proxy:"
 # once, turn 5's result is small, turn 6's is larger than the single-message cap
 RESULT_SIZES = {4: [600, 600, 600, 600], 5: [50], 6: [2000]}
 TURNS = 14
-
-
-def memory_view(proxy, agent: str, session: str) -> dict:
-    response = httpx.get(f"{proxy.base}/memory/{agent}/{session}",
-                         headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
-    assert response.status_code == 200
-    return response.json()
 
 
 def results_for(turn: int) -> list[str]:
