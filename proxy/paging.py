@@ -3,9 +3,11 @@
 ``Store.load`` reads one page: the newest ``limit`` active messages. For a paged spec
 (summarizing_window's ``maxHistoryFetch`` is its "page size when loading history") the
 proxy then reads the pages before it with ``Store.get_range`` while the messages after
-the latest summary hold less than ``fill_ratio`` x the context window (calibrated), and
-cuts a page that holds more than that at its start (never below one page): what a turn
-loads and selects from follows the window's budget, not the length of the history.
+the latest summary hold less than ``fill_ratio`` x the context window (calibrated): the
+pages that many more tokens need at the mean size of the messages held, in one range read
+(a second only when those were smaller than the mean), and cuts a page that holds more
+than that at its start (never below one page): what a turn loads and selects from follows
+the window's budget, not the length of the history.
 
 Sizes are the messages as stored: a message with a compression stub counts as its stub.
 The system prompt is not subtracted from the budget: a page a little larger than the
@@ -14,6 +16,7 @@ window can hold is trimmed by the strategy, one too small would leave it part em
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from proxy.services import Services
@@ -66,21 +69,26 @@ async def fill_page(
     # messages a summary covers are not sent: they hold nothing and go first in a cut
     sizes = [held_tokens(m, count_tokens) if m.seq > floor else 0 for m in messages]
     held = sum(sizes)
-    older: list[StoredMessage] = []
     first = messages[0].seq
     missing = snapshot.meta.active_count - len(messages)
+    grown = False
     while held < target and missing > 0 and first > floor + 1:
-        low = max(floor + 1, first - spec.limit)
+        # the pages the rest of the budget needs at the mean size of what is held, in one
+        # range read (a turn read cold stays within three round trips)
+        live = sum(1 for size in sizes if size) or 1
+        need = (target - held) / max(1.0, held / live)
+        pages = max(1, math.ceil(need * 1.2 / spec.limit))
+        low = max(floor + 1, first - pages * spec.limit)
         page = await services.store.get_range(key, low, first - 1)
         first = low
         missing -= len(page)
-        older[:0] = page
-        held += sum(held_tokens(m, count_tokens) for m in page)
-    if older:
-        snapshot.messages = [*older, *messages]
-    else:
-        cut = _trimmed(messages, sizes, held, target, spec.limit)
-        if not cut:
-            return
-        snapshot.messages = messages[cut:]
+        messages = [*page, *messages]
+        page_sizes = [held_tokens(m, count_tokens) for m in page]
+        sizes = [*page_sizes, *sizes]
+        held += sum(page_sizes)
+        grown = True
+    cut = _trimmed(messages, sizes, held, target, spec.limit)
+    if not cut and not grown:
+        return
+    snapshot.messages = messages[cut:]
     services.sessions.repaged(key, spec, snapshot)

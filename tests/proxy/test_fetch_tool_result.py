@@ -332,8 +332,8 @@ def test_the_summarizer_is_never_offered_the_tool(make_proxy, fake, agents_dir):
     proxy.drain()
     summarizer = [r.body for r in fake.chat_requests
                   if r.body["messages"][0]["content"].startswith(SUMMARY_SYSTEM_PROMPT)]
-    assert len(summarizer) == 1
-    assert "tools" not in summarizer[0]
+    assert summarizer  # one call, or several when the input takes chunks
+    assert all("tools" not in body for body in summarizer)
 
 
 # ---- the stream filter on scripted upstream streams (no server) ----

@@ -77,3 +77,30 @@ def test_auto_summarize_fires_on_the_history_the_budget_could_hold_not_on_one_pa
     transcript = request.body["messages"][1]["content"]
     assert "U0 remember item 0" in transcript
     assert proxy.snapshot("memo", "s").summaries[0].from_seq == 1
+
+
+def test_a_history_read_cold_takes_one_range_read_beyond_the_stores_page(
+    make_proxy, fake, agents_dir, monkeypatch
+):
+    paged_agent(agents_dir, "cold", 10, window=16_000)
+    scripted(fake)
+    session = DeltaSession(make_proxy().client("cold", "s"), fake)
+    for turn in range(60):
+        session.say(sized(f"U{turn} remember item {turn}", 300))
+    # another process: nothing of the session in its cache
+    fresh = make_proxy()
+    store = fresh.services.store
+    reads = []
+    read = store.get_range
+
+    async def counted(key, low, high):
+        reads.append((low, high))
+        return await read(key, low, high)
+
+    monkeypatch.setattr(store, "get_range", counted)
+    sent = DeltaSession(fresh.client("cold", "s"), fake).say("and now?")
+    assert len(reads) == 1
+    # the budget (12,800 tokens) holds about 41 of the 60 turns: full, not overfull
+    users = [m for m in sent.messages if m["role"] == "user"]
+    assert 38 <= len(users) <= 42
+    assert 0.9 * 12_800 < prompt_tokens(sent.messages) <= 12_800

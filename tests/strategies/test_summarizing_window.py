@@ -65,8 +65,9 @@ def tool_session():
     )
 
 
-def test_load_spec_pages_by_max_history_fetch_over_all_history():
-    assert STRATEGY.load_spec(config(maxHistoryFetch=42)) == LoadSpec(limit=42, since="all")
+def test_load_spec_pages_by_max_history_fetch_until_the_budget_is_full():
+    assert STRATEGY.load_spec(config(maxHistoryFetch=42, maxConversationRatio=0.6)) == LoadSpec(
+        limit=42, since="all", fill_ratio=0.6)
 
 
 def test_a_small_session_goes_through_untouched():
