@@ -2,8 +2,8 @@
 whether its evidence turns are still in the window the model would receive. No model is
 involved: this measures what memory can still see, not how well a model answers.
 
-    python bench/quality.py --quick            # one generated conversation, ~1 minute
-    python bench/quality.py                    # three generated conversations
+    python bench/quality.py --quick            # one generated conversation, ~20 s
+    python bench/quality.py                    # three generated conversations, ~5 min
     python bench/quality.py --locomo PATH      # the user's own copy of LoCoMo's file
     python bench/quality.py --quick --write    # and put the section into bench/RESULTS.md
 
@@ -583,7 +583,10 @@ def write_section(results: dict[str, Any], path: Path = RESULTS) -> None:
     text = path.read_text() if path.exists() else "# memory-proxy benchmark results\n"
     section = "\n".join(render(results))
     start = text.find(SECTION)
-    if start < 0:
+    profiles = text.find("\n## Profiles")
+    if start < 0 and profiles >= 0:  # where run.py's report puts it
+        text = text[:profiles + 1] + section + "\n" + text[profiles + 1:]
+    elif start < 0:
         text = text.rstrip("\n") + "\n\n" + section
     else:
         end = text.find("\n## ", start + len(SECTION))

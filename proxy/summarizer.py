@@ -164,8 +164,8 @@ async def summarize_chunks(
     not fit in (a compaction triggers above it): its messages are then summarized in
     chunks, each call building on the summary the one before wrote, so every message
     reaches a call whole (up to the per-item cap). Each call takes one from the session's
-    call budget; when it runs out after the first, the plan is cut to what the calls read
-    (the rest stays unsummarized, for a later run)."""
+    call budget; when it runs out, or a call fails, after the first, the plan is cut to
+    what the calls before read (the rest stays unsummarized, for a later run)."""
     count = make_counter(summarizer_model)
     max_input = int(context_window * INPUT_SHARE)
     placement = getattr(agent.config, "summaryPlacement", None)
@@ -195,10 +195,18 @@ async def summarize_chunks(
             "max_tokens": summary_max_tokens(context_window),
         }
         try:
-            response = await services.upstream.chat(UpstreamRequest(body, headers))
-        except ProxyError as exc:
-            raise SummarizerError(f"summarizer call failed: {exc.message}") from exc
-        text = summary_text(response.body)
+            try:
+                response = await services.upstream.chat(UpstreamRequest(body, headers))
+            except ProxyError as exc:
+                raise SummarizerError(f"summarizer call failed: {exc.message}") from exc
+            text = summary_text(response.body)
+        except SummarizerError as exc:
+            if not start:
+                raise
+            # the calls before read their chunks: their summary is kept
+            logger.warning("%s: chunk from message %d failed (%s); keeping what was read",
+                           key.session, messages[start].seq, exc)
+            break
         # what the next call builds on: the summary so far, from the plan's start
         running = SummaryRecord(
             kind=plan.kind, text=text, from_seq=plan.from_seq, to_seq=chunk.to_seq

@@ -13,6 +13,7 @@ from summarizing_support import (
     summarizer_requests,
 )
 
+from proxy.fake_upstream import Reply
 from strategies.tokens import count_message
 
 WINDOW = 4000
@@ -109,3 +110,18 @@ def test_a_chunked_summary_stops_where_the_call_budget_ends_and_covers_only_what
     # the budget is spent: a further Compact is refused, nothing else written
     assert compact(proxy, "memo", "s").status_code == 409
     assert len(proxy.snapshot("memo", "s").summaries) == 1
+
+
+def test_a_chunk_that_fails_after_the_first_keeps_the_summary_of_what_was_read(
+    make_proxy, fake, agents_dir
+):
+    write_agent(agents_dir, "memo", llm={"model": MODEL, "contextWindow": WINDOW})
+    model = scripted(fake)
+    model.summaries.extend([Reply.text("PART ONE: items 0 to 6."), Reply.error(500)])
+    proxy = make_proxy()
+    long_session(proxy, fake, "memo", 30)
+    assert compact(proxy, "memo", "s").status_code == 200
+    [record] = proxy.snapshot("memo", "s").summaries
+    first, failed = summarizer_requests(fake)
+    assert record.text == "PART ONE: items 0 to 6."
+    assert record.to_seq == transcript_seqs(first)[-1] < transcript_seqs(failed)[0]
