@@ -7,6 +7,7 @@ letters and digits, case-folded.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Sequence
@@ -43,17 +44,23 @@ def query_words(query: str) -> list[str]:
 
 
 def score(text: str, words: Sequence[str]) -> float:
-    """How well ``text`` matches ``words`` (0: no word matches): each word found adds
-    one, plus a little for repeats, less in long texts (a rough bm25)."""
-    found = WORD.findall(text.casefold())
-    if not found or not words:
+    """How well ``text`` matches ``words`` (0: no word matches): each word found whole
+    adds one, plus a little for repeats, less in long texts (a rough bm25). Repeats are
+    counted as substrings: a plain count is a tenth of the time of a word-by-word scan."""
+    if not words:
         return 0.0
-    counts: dict[str, int] = {}
-    for word in found:
-        counts[word] = counts.get(word, 0) + 1
+    folded = text.casefold()
+    # about six characters a word: the text's length in words without splitting it
+    length = 1.0 + math.log1p(len(folded) // 600)
     total = 0.0
     for word in words:
-        seen = counts.get(word, 0)
-        if seen:
-            total += 1.0 + math.log1p(seen) / (1.0 + math.log1p(len(found) / 100))
+        seen = folded.count(word)
+        if seen and _whole(word).search(folded):
+            total += 1.0 + math.log1p(seen) / length
     return total
+
+
+@functools.lru_cache(maxsize=1024)
+def _whole(word: str) -> re.Pattern[str]:
+    """``word`` with no letter or digit either side."""
+    return re.compile(rf"(?<![^\W_]){re.escape(word)}(?![^\W_])")
