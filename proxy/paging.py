@@ -19,11 +19,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from proxy.agents import ResolvedAgent
+from proxy.errors import StoreUnavailableError
 from proxy.services import Services
+from storage.base import StoreUnavailable
 from strategies.base import CountTokens
 from strategies.compression import stub_tokens
 from strategies.records import LoadSpec, SessionKey, SessionSnapshot, StoredMessage
 from strategies.summarizing_window import latest_summary
+from strategies.tokens import cached_counter
 
 
 def held_tokens(message: StoredMessage, count_tokens: CountTokens) -> int:
@@ -92,3 +96,27 @@ async def fill_page(
         return
     snapshot.messages = messages[cut:]
     services.sessions.repaged(key, spec, snapshot)
+
+
+async def fill_for(
+    services: Services,
+    key: SessionKey,
+    agent: ResolvedAgent,
+    spec: LoadSpec,
+    snapshot: SessionSnapshot,
+    model: str | None,
+) -> None:
+    """``fill_page`` for a turn of ``agent`` on ``model`` (the session's stored model when
+    None)."""
+    if spec.fill_ratio is None or not snapshot.exists:
+        return
+    if model is None:
+        model = snapshot.meta.model or agent.definition.llm.model or ""
+    try:
+        await fill_page(
+            services, key, spec, snapshot,
+            context_window=agent.context_window(model, services.settings.default_context_window),
+            count_tokens=cached_counter(model),
+        )
+    except StoreUnavailable as exc:
+        raise StoreUnavailableError(f"memory store unavailable: {exc}") from exc

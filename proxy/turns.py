@@ -141,19 +141,7 @@ async def load_snapshot(
         if new_spec != spec:
             snapshot = await load_session(services, key, new_spec, resent)
         spec = new_spec
-    if spec.fill_ratio is not None and snapshot.exists:
-        if model is None:
-            model = snapshot.meta.model or agent.definition.llm.model or ""
-        try:
-            await paging.fill_page(
-                services, key, spec, snapshot,
-                context_window=agent.context_window(
-                    model, services.settings.default_context_window
-                ),
-                count_tokens=cached_counter(model),
-            )
-        except StoreUnavailable as exc:
-            raise StoreUnavailableError(f"memory store unavailable: {exc}") from exc
+    await paging.fill_for(services, key, agent, spec, snapshot, model)
     return agent, strategy, spec, snapshot
 
 
