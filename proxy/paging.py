@@ -71,7 +71,12 @@ async def fill_page(
     floor = summary.to_seq if summary is not None else 0
     target = page_target(spec, context_window, snapshot.meta.calibration)
     # messages a summary covers are not sent: they hold nothing and go first in a cut
-    sizes = [held_tokens(m, count_tokens) if m.seq > floor else 0 for m in messages]
+    sizes = [m.tokens for m in messages]  # most messages: as stored, no call per message
+    for index, message in enumerate(messages):
+        if message.seq <= floor:
+            sizes[index] = 0
+        elif message.compressed_content is not None:
+            sizes[index] = held_tokens(message, count_tokens)
     held = sum(sizes)
     first = messages[0].seq
     missing = snapshot.meta.active_count - len(messages)
