@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -36,6 +37,10 @@ async def receive_body(receive: Receive, declared: str | None, limit: int) -> by
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
+# the deepest nesting orjson writes
+MAX_NESTING = 254
+
+
 def parse_json_object(raw: bytes) -> dict[str, Any]:
     if not raw:
         raise BadRequest("request body is empty; expected a JSON object", code="invalid_json")
@@ -46,6 +51,9 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
         raise BadRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from None
     if not isinstance(data, dict):
         raise BadRequest("request body must be a JSON object", code="invalid_json")
+    if raw.count(b"[") + raw.count(b"{") <= MAX_NESTING:
+        return data  # too few brackets to nest deeper (counting them is cheap; writing a
+        # large body out to see costs as much as reading it, on the event loop)
     try:
         # the body is re-serialized on its way upstream and into the store; orjson writes
         # at most 254 levels of nesting, so a deeper body is refused here, not with a 500
@@ -53,3 +61,33 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     except orjson.JSONEncodeError:
         raise BadRequest("request body is nested too deeply", code="invalid_json") from None
     return data
+
+
+# characters of new input (text, inline media, tool call arguments) past which a turn reads
+# it on a thread: tokenizing a long text, decoding and hashing media hold the loop otherwise
+LARGE_INPUT = 256 * 1024
+
+
+def is_large(messages: Sequence[Mapping[str, Any]]) -> bool:
+    """The messages hold ``LARGE_INPUT`` characters or more (a measure, not exact)."""
+    size = 0
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, str):
+            size += len(content)
+        elif isinstance(content, list):
+            for part in content:
+                if isinstance(part, Mapping):
+                    size += _strings(part) + sum(
+                        _strings(v) for v in part.values() if isinstance(v, Mapping))
+        for call in message.get("tool_calls") or ():
+            function = call.get("function") if isinstance(call, Mapping) else None
+            if isinstance(function, Mapping):
+                size += _strings(function)
+        if size >= LARGE_INPUT:
+            return True
+    return False
+
+
+def _strings(values: Mapping[str, Any]) -> int:
+    return sum(len(v) for v in values.values() if isinstance(v, str))

@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from proxy import history_sync, limits, paging, parts, sync_plan, tool_caps
+from proxy import history_sync, limits, paging, parts, requests, sync_plan, tool_caps
 from proxy.agents import ResolvedAgent
 from proxy.errors import StoreUnavailableError
 from proxy.identity import Identity
@@ -264,11 +264,18 @@ async def prepare_turn(
 
     now = time.time()
     blobs: dict[str, parts.PartBlob] = {}
-    incoming = tool_caps.capped_messages(conversation, sync.new, agent, stored)
-    new_messages = [
-        new_record(message, fingerprints[i], model, now, blobs)
-        for i, message in zip(sync.new, incoming, strict=True)
-    ]
+    # a large input (a long text to tokenize, media to decode and hash) is read on a
+    # thread: the event loop serves every other request meanwhile
+    heavy = requests.is_large([conversation[i] for i in sync.new])
+
+    def records() -> list[StoredMessage]:
+        incoming = tool_caps.capped_messages(conversation, sync.new, agent, stored)
+        return [
+            new_record(message, fingerprints[i], model, now, blobs)
+            for i, message in zip(sync.new, incoming, strict=True)
+        ]
+
+    new_messages = await asyncio.to_thread(records) if heavy else records()
     provisional = (snapshot.meta.head_seq or 0) + 1
     for offset, message in enumerate(new_messages):
         message.seq = provisional + offset
@@ -310,7 +317,11 @@ async def prepare_turn(
         # say whether it can)
         previous=services.sessions.decision(key, spec, meta.version),
     )
-    window = strategy.select(context)
+    # pure, and cheap once the input is counted; the first cut of a large text (a list of
+    # parts, counted joined) may still tokenize it
+    window = await asyncio.to_thread(strategy.select, context) if heavy else strategy.select(
+        context
+    )
     context.previous = None  # used: a kept context must not hold every turn before it
     media.settle_window(window, media_tokens)
     # stored messages the page did not load are left out too (fallen off, compacted)

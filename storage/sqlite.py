@@ -251,6 +251,13 @@ class SqliteStore:
         once: a pass's wait would only add to its latency."""
         if self._conn is None:
             raise StoreUnavailable(f"sqlite database {self.path} is not open")
+        if _large(write):
+            # megabytes to encode and write: on the store's thread, the loop serves on
+            # (in order: jobs after it follow it there)
+            if self._appends:
+                self._write_appends()
+            args = (_ids(key), write, time.time(), self._prompts, self._heads)
+            return await self._on_thread(lambda: _append(self._thread_connection(), *args))
         if not self._appends:
             if not with_others:
                 return await self._run(
@@ -419,9 +426,16 @@ class SqliteStore:
         return (await self.get_parts(key, [digest])).get(digest)
 
     async def put_parts(self, key: SessionKey, parts: Sequence[tuple[str, bytes, str]]) -> None:
-        if parts:
-            ids = _ids(key)
-            await self._submit(_put_parts, [(*ids, d, t, data) for d, data, t in parts])
+        if not parts:
+            return
+        ids = _ids(key)
+        rows = [(*ids, d, t, data) for d, data, t in parts]
+        if sum(len(data) for _, data, _ in parts) < LARGE_WRITE:
+            await self._submit(_put_parts, rows)
+            return
+        if self._appends:
+            self._write_appends()
+        await self._on_thread(lambda: _put_parts(self._thread_connection(), rows))
 
     async def get_parts(
         self, key: SessionKey, digests: Sequence[str]
@@ -763,6 +777,22 @@ def _is_busy(exc: sqlite3.OperationalError) -> bool:
     if code is not None:
         return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
     return "locked" in str(exc) or "busy" in str(exc)
+
+
+# characters (or media bytes) of one write past which it runs on the store's thread
+LARGE_WRITE = 1 << 20
+
+
+def _large(write: TurnWrite) -> bool:
+    size = 0
+    for message in write.messages:
+        content = message.content
+        if isinstance(content, str):
+            size += len(content)
+        elif isinstance(content, list):
+            size += sum(len(p["text"]) for p in content
+                        if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return size >= LARGE_WRITE
 
 
 def _put_parts(conn: sqlite3.Connection, rows: list[tuple[str, str, str, str, str, bytes]]

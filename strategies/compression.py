@@ -60,11 +60,15 @@ def content_text(content: Any) -> str:
 def head_within(text: str, max_tokens: int, count_tokens: CountTokens) -> str:
     """The longest prefix of ``text`` that ``count_tokens`` puts at ``max_tokens`` or less.
 
-    A binary search over characters, so it works with any counter (the strategy's
-    tokenizer carries no model name).
+    A counter that cuts by tokens itself (``head``, as ``strategies.tokens.Counter``)
+    tokenizes the text's head once; any other is asked in a binary search over characters
+    (the strategy's tokenizer carries no model name).
     """
     if max_tokens <= 0 or not text:
         return ""
+    head = getattr(count_tokens, "head", None)
+    if head is not None:
+        return str(head(text, max_tokens))
     if count_tokens(text) <= max_tokens:
         return text
     low, high = 0, len(text)

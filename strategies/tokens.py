@@ -45,6 +45,11 @@ log = logging.getLogger(__name__)
 
 # texts remembered per model by cached_counter
 COUNT_CACHE_SIZE = 16_384
+# a text this long is tokenized into a buffer, not a list of Python ints (9 million of
+# them for 20 MB hold the interpreter's lock for about a second), and its count is
+# remembered (an incoming message is counted where it is stored, then cut by the strategy)
+BIG_TEXT = 100_000
+BIG_COUNTS = 256
 
 O200K = "o200k_base"
 CL100K = "cl100k_base"
@@ -131,28 +136,47 @@ def make_counter(model: str) -> Callable[[str], int]:
     return functools.partial(_count, encoding_for_model(model))
 
 
-@short_key_cache(maxsize=64)
-def cached_counter(model: str) -> Callable[[str], int]:
-    """A counter that remembers the texts it has seen: stubs, summaries and truncations a
-    strategy renders every turn are tokenized once per process, not once per request.
+class Counter:
+    """``count_tokens`` for one encoding that remembers the texts it has seen: stubs,
+    summaries and truncations a strategy renders every turn are tokenized once per
+    process, not once per request. ``head(text, max_tokens)`` cuts a text by tokens
+    (``strategies.compression.head_within`` uses it).
 
     Keyed by (length, hash) so a huge text costs a few bytes of cache, not its own size;
-    bounded, and one per model family string (the model comes from clients).
+    bounded.
     """
-    count = make_counter(model)
-    seen: dict[tuple[int, int], int] = {}
 
-    def counter(text: str) -> int:
+    __slots__ = ("encoding_name", "seen")
+
+    def __init__(self, encoding_name: str) -> None:
+        self.encoding_name = encoding_name
+        self.seen: dict[tuple[int, int], int] = {}
+
+    def __call__(self, text: str) -> int:
         key = (len(text), hash(text))
+        seen = self.seen
         tokens = seen.get(key)
         if tokens is None:
-            tokens = count(text)
+            tokens = _count(self.encoding_name, text)
             if len(seen) >= COUNT_CACHE_SIZE:
                 seen.clear()
             seen[key] = tokens
         return tokens
 
-    return counter
+    def head(self, text: str, max_tokens: int) -> str:
+        """A prefix of ``text`` of at most ``max_tokens`` tokens, at most a token short of
+        the longest."""
+        return _head(self.encoding_name, text, max_tokens)
+
+
+@short_key_cache(maxsize=64)
+def cached_counter(model: str) -> Counter:
+    """The remembering counter of ``model``'s encoding (one per model string: the model
+    comes from clients)."""
+    return Counter(encoding_for_model(model))
+
+
+_big_counts: dict[tuple[str, int, int], int] = {}
 
 
 def _count(encoding_name: str, text: str) -> int:
@@ -161,21 +185,51 @@ def _count(encoding_name: str, text: str) -> int:
     encoding = get_encoding(encoding_name)
     if encoding is None:
         return -(-len(text) // _FALLBACK_CHARS_PER_TOKEN)
-    return len(encoding.encode_ordinary(text))
+    if len(text) < BIG_TEXT:
+        return len(encoding.encode_ordinary(text))
+    key = (encoding_name, len(text), hash(text))
+    tokens = _big_counts.get(key)
+    if tokens is None:
+        # encode_ordinary's tokens, in a numpy buffer instead of a list of ints
+        tokens = len(encoding.encode_to_numpy(text, allowed_special=set(), disallowed_special=()))
+        if len(_big_counts) >= BIG_COUNTS:
+            _big_counts.clear()
+        _big_counts[key] = tokens
+    return tokens
+
+
+def _head(encoding_name: str, text: str, max_tokens: int) -> str:
+    """The first ``max_tokens`` tokens of ``text``, tokenizing only a prefix of it that
+    holds them: O(max_tokens), whatever the length of the text."""
+    if max_tokens <= 0 or not text:
+        return ""
+    encoding = get_encoding(encoding_name)
+    if encoding is None:
+        return text[: max_tokens * _FALLBACK_CHARS_PER_TOKEN]
+    span = max_tokens * 8 + 64  # characters: tokens are rarely longer than 8 on average
+    while True:
+        tokens = encoding.encode_ordinary(text[:span])
+        if len(tokens) > max_tokens:
+            break
+        if span >= len(text):
+            return text
+        span *= 2
+    # the first tokens of a prefix are the text's own; a cut inside a multi-byte
+    # character leaves a partial sequence at the end: dropped
+    keep = max_tokens
+    while True:
+        kept = encoding.decode_bytes(tokens[:keep]).decode("utf-8", errors="ignore")
+        # counted alone, the cut end may tokenize differently: a few tokens fewer then
+        over = len(encoding.encode_ordinary(kept)) - max_tokens
+        if over <= 0:
+            return kept
+        keep -= over
 
 
 def truncate_to_tokens(text: str, max_tokens: int, model: str) -> str:
-    """The longest prefix of ``text`` that is at most ``max_tokens`` tokens."""
-    if max_tokens <= 0 or not text:
-        return ""
-    encoding = get_encoding(encoding_for_model(model))
-    if encoding is None:
-        return text[: max_tokens * _FALLBACK_CHARS_PER_TOKEN]
-    tokens = encoding.encode_ordinary(text)
-    if len(tokens) <= max_tokens:
-        return text
-    # a cut inside a multi-byte character leaves a partial sequence at the end: drop it
-    return encoding.decode_bytes(tokens[:max_tokens]).decode("utf-8", errors="ignore")
+    """A prefix of ``text`` of at most ``max_tokens`` tokens (at most a token short of the
+    longest)."""
+    return _head(encoding_for_model(model), text, max_tokens)
 
 
 def count_part(part: Any, model: str) -> int:

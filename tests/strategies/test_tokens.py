@@ -11,16 +11,22 @@ from pathlib import Path
 
 import pytest
 
+from strategies.compression import head_within
 from strategies.media_tokens import DOCUMENT_PAGE_TOKENS, UNKNOWN_IMAGE_TOKENS
 from strategies.records import StoredMessage
 from strategies.tokens import (
+    BIG_TEXT,
+    Counter,
+    cached_counter,
     count_message,
     count_text,
     encoding_for_model,
+    get_encoding,
     image_tokens,
     make_counter,
     truncate_to_tokens,
 )
+from strategies.truncation import cut_text
 
 ROOT = Path(__file__).resolve().parents[2]
 MIXED = "你好世界, مرحبا بالعالم"
@@ -165,6 +171,48 @@ def test_truncation_never_leaves_half_a_character():
         cut = truncate_to_tokens(text, budget, "gpt-4")
         assert "\ufffd" not in cut
         assert text.startswith(cut)
+
+
+def words(count: int) -> str:
+    return " ".join(f"w{i % 997}x{i % 13}" for i in range(count))
+
+
+def test_a_long_text_is_counted_as_ordinary_text_like_a_short_one():
+    text = words(40_000) + " <|endoftext|> " + MIXED
+    assert len(text) >= BIG_TEXT
+    expected = len(get_encoding("o200k_base").encode_ordinary(text))
+    assert count_text(text, "gpt-4o") == expected
+    assert count_text(text, "gpt-4o") == expected  # remembered: the same answer
+
+
+def test_a_cut_by_tokens_is_at_most_a_token_short_of_the_longest_prefix():
+    text = words(5_000) + MIXED * 20
+    counter = cached_counter("gpt-4o")
+    plain = make_counter("gpt-4o")  # no head(): the binary search over characters
+    for budget in (1, 7, 100, 999, 3_000):
+        fast, longest = head_within(text, budget, counter), head_within(text, budget, plain)
+        assert text.startswith(fast) and plain(fast) <= budget
+        assert len(fast) <= len(longest) and plain(fast) >= plain(longest) - 1
+
+
+def test_cutting_a_long_text_tokenizes_its_head_not_the_whole_text_again(monkeypatch):
+    text = words(400_000)  # about 3.6 MB
+    counter = Counter("o200k_base")
+    counter(text)  # counted once where it is stored
+    seen: list[int] = []
+    encoding = get_encoding("o200k_base")
+    original = encoding.encode_ordinary
+
+    def spy(piece: str) -> list[int]:
+        seen.append(len(piece))
+        return original(piece)
+
+    monkeypatch.setattr(encoding, "encode_ordinary", spy)
+    cut = cut_text(text, counter(text) + 4, 2_000, counter)
+
+    assert cut is not None and cut[1] <= 2_000
+    assert "truncated by memory-proxy" in cut[0]
+    assert sum(seen) < 100_000  # the head and the marker, not 3.6 MB a few dozen times
 
 
 _OFFLINE = """
