@@ -37,6 +37,9 @@ from strategies.registry import get_strategy
 from strategies.tokens import cached_counter, count_message, count_text
 
 CALIBRATION_BOUNDS = (0.5, 3.0)
+# a stored message this large, loaded by a process that never counted it, is cut (counted
+# again) by the strategy on a thread
+LARGE_TOKENS = 64_000
 # bound on the messages of one turn loaded to keep it whole (a runaway tool loop)
 TURN_LOAD_LIMIT = 2000
 CALIBRATION_WEIGHT = 0.3
@@ -235,6 +238,8 @@ async def prepare_turn(
     fingerprints = history_sync.Fingerprints(
         conversation, history_sync.RESENT if resends else None
     )
+    # a session this process did not hold has not had its texts counted here
+    held = services.sessions.known(key, get_strategy(agent.config.kind).load_spec(agent.config))
     agent, strategy, spec, snapshot = await load_snapshot(
         services, key, agent, fingerprints if resends else None, model
     )
@@ -266,7 +271,9 @@ async def prepare_turn(
     blobs: dict[str, parts.PartBlob] = {}
     # a large input (a long text to tokenize, media to decode and hash) is read on a
     # thread: the event loop serves every other request meanwhile
-    heavy = requests.is_large([conversation[i] for i in sync.new])
+    heavy = requests.is_large([conversation[i] for i in sync.new]) or (
+        held is None and any(m.tokens >= LARGE_TOKENS for m in stored)
+    )
 
     def records() -> list[StoredMessage]:
         incoming = tool_caps.capped_messages(conversation, sync.new, agent, stored)
