@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
@@ -44,6 +45,7 @@ FORWARDED_HEADERS = (
 OWN_METADATA = ("agent_id", "session_id")
 DONE = b"data: [DONE]\n\n"
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+LARGE_BODY = 1 << 20
 
 
 def forwarded_headers(headers: Mapping[str, str]) -> dict[str, str]:
@@ -112,6 +114,10 @@ chat_app = ChatApp()
 
 async def chat_completions(services: Services, call: ChatCall) -> BodyReply | StreamReply:
     raw = await call.body(services.settings.max_body_bytes)
+    if len(raw) >= LARGE_BODY:
+        # joining a large body's pieces and reading it each hold the loop: other requests
+        # are served in between
+        await asyncio.sleep(0)
     body = parse_json_object(raw)
     messages = history_sync.validate_messages(body.get("messages"))
     if "stream" in body and not isinstance(body["stream"], bool):

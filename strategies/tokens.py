@@ -31,7 +31,8 @@ import importlib.util
 import json
 import logging
 import os
-from collections.abc import Callable, Mapping
+import re
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +46,10 @@ log = logging.getLogger(__name__)
 
 # texts remembered per model by cached_counter
 COUNT_CACHE_SIZE = 16_384
-# a text this long is tokenized into a buffer, not a list of Python ints (9 million of
-# them for 20 MB hold the interpreter's lock for about a second), and its count is
-# remembered (an incoming message is counted where it is stored, then cut by the strategy)
+# a text this long is tokenized in pieces, not into one list of Python ints (9 million of
+# them for 20 MB hold the interpreter's lock for about a second, every thread stopped),
+# and its count is remembered (an incoming message is counted where it is stored, then
+# cut by the strategy)
 BIG_TEXT = 100_000
 BIG_COUNTS = 256
 
@@ -190,12 +192,30 @@ def _count(encoding_name: str, text: str) -> int:
     key = (encoding_name, len(text), hash(text))
     tokens = _big_counts.get(key)
     if tokens is None:
-        # encode_ordinary's tokens, in a numpy buffer instead of a list of ints
-        tokens = len(encoding.encode_to_numpy(text, allowed_special=set(), disallowed_special=()))
+        tokens = sum(len(encoding.encode_ordinary(piece)) for piece in _pieces(text))
         if len(_big_counts) >= BIG_COUNTS:
             _big_counts.clear()
         _big_counts[key] = tokens
     return tokens
+
+
+# between two ASCII letters, a space starts a new pre-token in every encoding's pattern
+# (a word's leading space is its own): text cut there tokenizes to the same tokens
+_WORD_BOUNDARY = re.compile(r"(?<=[A-Za-z]) (?=[A-Za-z])")
+
+
+def _pieces(text: str, size: int = BIG_TEXT) -> Iterator[str]:
+    """``text`` in pieces of about ``size`` characters, cut only where tokenizing the
+    pieces apart gives the text's own tokens (a text without such a place is one piece).
+    Each piece's tokens are a short list, made while the interpreter's lock is held."""
+    start = 0
+    while len(text) - start > size:
+        boundary = _WORD_BOUNDARY.search(text, start + size)
+        if boundary is None:
+            break
+        yield text[start : boundary.start()]
+        start = boundary.start()
+    yield text[start:]
 
 
 def _head(encoding_name: str, text: str, max_tokens: int) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -177,12 +178,16 @@ def words(count: int) -> str:
     return " ".join(f"w{i % 997}x{i % 13}" for i in range(count))
 
 
-def test_a_long_text_is_counted_as_ordinary_text_like_a_short_one():
-    text = words(40_000) + " <|endoftext|> " + MIXED
-    assert len(text) >= BIG_TEXT
-    expected = len(get_encoding("o200k_base").encode_ordinary(text))
-    assert count_text(text, "gpt-4o") == expected
-    assert count_text(text, "gpt-4o") == expected  # remembered: the same answer
+@pytest.mark.parametrize("model", ["gpt-4o", "gpt-4"])
+def test_a_long_text_is_counted_as_ordinary_text_like_a_short_one(model):
+    rng = random.Random(7)
+    pieces = [words(50), "  double  spaces ", "it's don't WE'LL", "\n\n  indented\n",
+              "3.14159 and 1,000,000", "<|endoftext|>", MIXED, "🙂🙂", "a" * 300, "x\r\ny"]
+    text = " ".join(rng.choice(pieces) for _ in range(20_000))
+    assert len(text) >= 4 * BIG_TEXT
+    expected = len(get_encoding(encoding_for_model(model)).encode_ordinary(text))
+    assert count_text(text, model) == expected
+    assert count_text(text, model) == expected  # remembered: the same answer
 
 
 def test_a_cut_by_tokens_is_at_most_a_token_short_of_the_longest_prefix():
