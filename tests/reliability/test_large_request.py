@@ -5,6 +5,7 @@ there too) and written on the store's thread; ``/health`` keeps answering meanwh
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 import sys
@@ -21,17 +22,15 @@ from reliability_support import report
 from proxy.fake_upstream import FakeUpstream, Reply
 
 HEALTH_BOUND = 0.100
+BUSY_HOST_BOUND = 0.500
 
 
-def parse_seconds(body: bytes) -> float:
-    """How long this host takes to read ``body`` as JSON (the median of three): the one
-    step of the request that must hold the event loop."""
-    times = []
-    for _ in range(3):
-        started = time.perf_counter()
-        orjson.loads(body)
-        times.append(time.perf_counter() - started)
-    return sorted(times)[1]
+def health_bound() -> float:
+    """100 ms; 500 ms on a host whose cores are oversubscribed (more runnable processes
+    than cores: the proxy's threads then wait for a core, whatever they do). Before the
+    fix ``/health`` waited for the whole request, tens of seconds, either way."""
+    busy = os.getloadavg()[0] / (os.cpu_count() or 1) > 1.0
+    return BUSY_HOST_BOUND if busy else HEALTH_BOUND
 
 
 @pytest.fixture
@@ -99,10 +98,7 @@ def test_health_answers_within_100_ms_while_a_20_mb_message_is_served(
     text = words_text(20_000_000)
     body = orjson.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": text}]})
     fake.queue(Reply.text("a long one"))
-    # 100 ms on a host that reads the body in 33 ms or less (calm: about 20 ms); a host
-    # slowed by its neighbours gets three times its own reading time (what stays on the
-    # loop is that reading, and the interpreter's lock taken by the threads doing the rest)
-    bound = max(HEALTH_BOUND, 3 * parse_seconds(body))
+    bound = health_bound()
     started = time.monotonic()
 
     response, latencies = health_while(proxy, lambda: httpx.post(
