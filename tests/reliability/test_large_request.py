@@ -78,17 +78,16 @@ def health_while(proxy: RunningProxy, call: Callable[[], httpx.Response]
                  ) -> tuple[httpx.Response, list[float]]:
     """``call()``'s response and the latency of every ``GET /health`` made meanwhile (by
     a poller in its own process)."""
-    poller = subprocess.Popen([sys.executable, "-c", POLLER, str(proxy.server.port)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    assert poller.stdin is not None and poller.stdout is not None
-    try:
-        assert poller.stdout.readline().strip() == "polling"
-        response = call()
-    finally:
-        poller.stdin.write("stop\n")
-        poller.stdin.flush()
-        out = poller.stdout.read()
-        poller.wait(timeout=30)
+    with subprocess.Popen([sys.executable, "-c", POLLER, str(proxy.server.port)],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as poller:
+        assert poller.stdin is not None and poller.stdout is not None
+        try:
+            assert poller.stdout.readline().strip() == "polling"
+            response = call()
+        finally:
+            poller.stdin.write("stop\n")
+            poller.stdin.flush()
+            out = poller.stdout.read()
     return response, json.loads(out.strip().splitlines()[-1])
 
 
