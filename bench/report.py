@@ -377,9 +377,13 @@ def render(r: dict[str, Any]) -> str:
               "side by side and are measured in alternation; medians of the rounds (CPU: "
               "summed over them). *Others* is the CPU wrk, the fake upstream and redis-server "
               "spent meanwhile, per request; *idle* the share of the machine's CPU time no "
-              "process used.", ""]
+              "process used. *(cluster)*: the same on a Redis Cluster of six redis-server "
+              "processes on loopback (three masters, three replicas), all six charged.", ""]
     rows = []
-    for count, by in r["workers"].items():
+    cells = [(count, by) for count, by in r["workers"].items()]
+    # the cluster row: two workers on a Redis Cluster (three masters, three replicas)
+    cells += [(f"{count} (cluster)", by) for count, by in r.get("workers_cluster", {}).items()]
+    for count, by in cells:
         for c, v in by.items():
             rows.append([count, c, f"{v['rps']:,.0f}", f"{v['p50']:.1f} / {v['p99']:.1f} ms",
                          v["errors"], f"{v['cpu_s']:.1f} s", _per_request(v, "cpu_s"),

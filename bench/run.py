@@ -17,6 +17,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -369,6 +370,8 @@ class Run:
 
         self.step("--workers 1 and 2 on Redis (unpinned)")
         results["workers"] = self.workers(fake, redis, redis_url)
+        self.step("--workers 2 on a Redis Cluster (unpinned)")
+        results["workers_cluster"] = self.workers_cluster(fake)
 
         self.step("memory quality: conversations replayed for every strategy (bench/quality.py)")
         results["quality"] = quality.measure(quick=plan.quick, locomo=self.locomo)
@@ -556,19 +559,40 @@ class Run:
         the proxy's CPU, each cell charges what the rest of the machine spent on the same
         requests (wrk, the fake upstream, redis-server) and how long the cores sat idle:
         what bounds the second worker."""
-        upstream = fake.url + "/v1"
-        targets = {}
-        for count in (1, 2):
-            server = self.start(servers.memory_proxy(
-                f"workers-{count}", upstream, redis_url, self.agents, None, workers=count))
-            targets[count] = Target(f"C' x{count}", "", server.url, server,
-                                    SessionPool(populate.DEFAULT_AGENT, f"workers{count}", 2000))
-            phases.wrk_run(targets[count], 16, 2, self.env_cpus)  # every worker up and warm
-        cells: dict[int, dict[int, list[dict]]] = {1: {32: [], 64: []}, 2: {32: [], 64: []}}
+        targets = {count: self.workers_target(f"workers-{count}", fake, redis_url, count)
+                   for count in (1, 2)}
+        return self.measure_workers(targets, fake, redis.cpu_seconds)
+
+    def workers_cluster(self, fake: servers.Server) -> dict:
+        """Two workers on a Redis Cluster (three masters, three replicas, on loopback; the
+        test suite's fixture): the cluster row of the workers table. *Others* charges all
+        six redis-server processes."""
+        sys.path.insert(0, str(ROOT / "tests"))
+        from redis_cluster import RedisCluster
+
+        with RedisCluster() as cluster:
+            def nodes_cpu() -> float:
+                return sum(servers.cpu_seconds(node.process.pid) for node in cluster.nodes
+                           if node.process is not None)
+
+            targets = {2: self.workers_target("workers-cluster", fake, cluster.url, 2)}
+            return self.measure_workers(targets, fake, nodes_cpu)
+
+    def workers_target(self, name: str, fake: servers.Server, url: str, count: int) -> Target:
+        server = self.start(servers.memory_proxy(
+            name, fake.url + "/v1", url, self.agents, None, workers=count))
+        target = Target(f"C' x{count}", "", server.url, server,
+                        SessionPool(populate.DEFAULT_AGENT, name.replace("-", ""), 2000))
+        phases.wrk_run(target, 16, 2, self.env_cpus)  # every worker up and warm
+        return target
+
+    def measure_workers(self, targets: dict[int, Target], fake: servers.Server,
+                        store_cpu: Callable[[], float]) -> dict:
+        cells: dict[int, dict[int, list[dict]]] = {count: {32: [], 64: []} for count in targets}
         for _ in range(self.plan.rounds):
             for concurrency in (32, 64):
                 for count, target in targets.items():
-                    others = redis.cpu_seconds() + fake.cpu_seconds() + reaped_children_cpu()
+                    others = store_cpu() + fake.cpu_seconds() + reaped_children_cpu()
                     idle, total = idle_ticks()
                     result, cpu, _ = phases.charged(
                         target, lambda t=target, c=concurrency: phases.wrk_run(
@@ -577,7 +601,7 @@ class Run:
                     cells[count][concurrency].append(
                         {"rps": result.rps, "p50": result.p50, "p99": result.p99,
                          "errors": result.errors, "cpu_s": cpu, "requests": result.requests,
-                         "others_cpu_s": redis.cpu_seconds() + fake.cpu_seconds()
+                         "others_cpu_s": store_cpu() + fake.cpu_seconds()
                          + reaped_children_cpu() - others,
                          "idle_share": (idle_after - idle) / max(1, total_after - total)})
         for target in targets.values():
@@ -595,6 +619,7 @@ class Run:
             }
             for count, by in cells.items()
         }
+
 
 if __name__ == "__main__":
     sys.exit(main())

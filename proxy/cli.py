@@ -32,7 +32,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="run the proxy (embedded SQLite store by default)")
     serve.add_argument("--host", help="bind address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default 4000)")
-    serve.add_argument("--store-url", help="sqlite:///path or redis://host:port/db")
+    serve.add_argument(
+        "--store-url",
+        help="sqlite:///path, redis://host:port/db, redis+cluster://host:port or "
+        "redis+sentinel://host:port/service/db",
+    )
     serve.add_argument("--upstream-url", help="OpenAI-compatible base URL (default OpenAI)")
     serve.add_argument(
         "--upstream-api-key", help="key for the upstream (else the client's is forwarded)"

@@ -113,7 +113,14 @@ CREATE TABLE IF NOT EXISTS session_parts (
     digest TEXT NOT NULL, media_type TEXT NOT NULL, data BLOB NOT NULL,
     PRIMARY KEY (namespace, agent, session, digest)
 );
+CREATE TABLE IF NOT EXISTS turn_writes (
+    sid INTEGER NOT NULL, write_id TEXT NOT NULL, first_seq INTEGER NOT NULL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS turn_writes_by_id ON turn_writes (sid, write_id);
 """
+# The ids of the latest turn writes (of every session), to recognise one applied before
+# (``TurnWrite.write_id``): a retry comes within seconds, so the oldest are dropped.
+KEPT_WRITES = 100_000
 
 # Sessions are listed newest first by the minute of their last turn (indexed), then by the
 # exact time within it: the same order as by the time alone, while most turns land in the
@@ -390,6 +397,7 @@ class SqliteStore:
                 if stored is not None:
                     sqlite_search.unindex(conn, stored[2])
                 conn.execute(f"DELETE FROM messages WHERE {SESSION}", _ids(key))
+                conn.execute(f"DELETE FROM turn_writes WHERE {SESSION}", _ids(key))
                 for table in ("summaries", "locks", "system_prompts", "session_parts"):
                     conn.execute(f"DELETE FROM {table} WHERE {KEY}", _ids(key))
                 existed = conn.execute(f"DELETE FROM sessions WHERE {KEY}", _ids(key)).rowcount
@@ -1097,6 +1105,12 @@ def _append_rows(
     else:
         meta, revision, sid = stored
         previous_activity = activity(meta.updated_at)
+        applied = _applied(conn, sid, write)
+        if applied is not None:
+            if revision:
+                meta.system_prompt = prompts.read(conn, ids, revision)
+            return AppendResult(seqs=list(range(applied, applied + len(write.messages))),
+                                superseded=0, meta=meta)
     if not meta.rewrite_version:
         # created here, or stored before rewrites were kept: nothing earlier is known to
         # have only grown
@@ -1125,6 +1139,12 @@ def _append_rows(
             [(stub or None, sid, seq) for seq, stub in write.compressed.items()],
         )
     first = meta.head_seq + 1
+    if write.write_id:
+        written_at = int(conn.execute(
+            "INSERT INTO turn_writes (sid, write_id, first_seq) VALUES (?, ?, ?)",
+            (sid, write.write_id, first),
+        ).lastrowid or 0)
+        conn.execute("DELETE FROM turn_writes WHERE rowid <= ?", (written_at - KEPT_WRITES,))
     meta.head_seq += len(rows)
     meta.active_count += len(rows)
     meta.head_chain = chain
@@ -1155,6 +1175,16 @@ def _append_rows(
     return AppendResult(
         seqs=list(range(first, first + len(rows))), superseded=superseded, meta=meta
     )
+
+
+def _applied(conn: sqlite3.Connection, sid: int, write: TurnWrite) -> int | None:
+    """The first seq of ``write`` when a write of its id was applied already."""
+    if not write.write_id:
+        return None
+    row = conn.execute(
+        "SELECT first_seq FROM turn_writes WHERE sid = ? AND write_id = ?", (sid, write.write_id)
+    ).fetchone()
+    return None if row is None else int(row[0])
 
 
 def _supersede(

@@ -6,6 +6,7 @@ These types are plain values: identity and persistence are the store's concern.
 from __future__ import annotations
 
 import hashlib
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
@@ -235,6 +236,10 @@ class TurnWrite:
     ``supersede_after``: when set, active messages with ``seq > supersede_after`` and
     ``seq <= supersede_until`` are marked superseded (kept, never loaded again) before
     ``messages`` are appended: a client rewound its history.
+
+    ``write_id`` names this write: a store applies one id once (a write whose reply was
+    lost is recognised, and the same write sent again is not stored twice). Each write
+    gets a fresh one; empty means none.
     """
 
     messages: list[StoredMessage]
@@ -246,6 +251,7 @@ class TurnWrite:
     calibration: float | None = None
     # lossless compression stubs decided this turn (seq -> stub), like ``set_compressed``
     compressed: dict[int, str] | None = None
+    write_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
 @dataclass(slots=True)

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from e2e import ADMIN_TOKEN, RunningProxy
+from redis_cluster import RedisCluster
 from redis_server import RedisServer, flush_redis
 from servers import ThreadedServer
 
@@ -80,6 +81,13 @@ def redis_server() -> Iterator[RedisServer]:
     """One real ``redis-server`` for the session, on a free loopback port."""
     with RedisServer() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[RedisCluster]:
+    """One real Redis Cluster for the session (three masters, three replicas)."""
+    with RedisCluster() as cluster:
+        yield cluster
 
 
 # End-to-end fixtures: the recording fake upstream and the proxy on loopback (real HTTP,

@@ -161,10 +161,17 @@ class RedisServer:
 
 
 def flush_redis(url: str) -> None:
-    """Empty the database behind ``url`` (from synchronous code: a fixture, a test)."""
+    """Empty the database behind ``url``, a server or a cluster (``redis+cluster://``: every
+    master), from synchronous code: a fixture, a test."""
     from redis.asyncio import Redis
+    from redis.asyncio.cluster import RedisCluster
 
     async def flush() -> None:
+        if url.startswith("redis+cluster://"):
+            cluster = RedisCluster.from_url(url.replace("redis+cluster://", "redis://"))
+            await cluster.flushdb(target_nodes=RedisCluster.PRIMARIES)
+            await cluster.aclose()
+            return
         client = Redis.from_url(url)
         await client.flushdb()
         await client.aclose()

@@ -1,14 +1,26 @@
--- One turn's write. KEYS: meta, msgs, active, users, stubs, tools
+-- One turn's write. KEYS: meta, msgs, active, users, stubs, tools, writes
 -- ARGV: now, count, supersede_after ('' = none), supersede_until ('' = head),
 --       nfields, (meta field, value) * nfields,
 --       (fingerprint, role, tool_call_id, stub, body) * count,
---       nstubs, (seq, stub or '' to clear) * nstubs   -- compression stubs of older messages
+--       nstubs, (seq, stub or '' to clear) * nstubs,  -- compression stubs of older messages
+--       write id ('' = none)
 -- body is the message JSON without seq and chain; it always starts with '{"'.
--- Returns {first seq, superseded count, meta (values of META)}.
+-- Returns {first seq, superseded count, meta (values of META)}. A write id already applied
+-- returns its first seq again and writes nothing ({first, 0, meta}); one that a check
+-- (landed.lua) gave up on returns {0}.
 local meta, msgs, active, users, stubs, tools = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local now, count = ARGV[1], tonumber(ARGV[2])
 local after, upto = ARGV[3], ARGV[4]
 local nfields = tonumber(ARGV[5])
+local write_id = ARGV[#ARGV]
+
+if write_id ~= '' then
+  local seen = redis.call('ZSCORE', KEYS[7], write_id)
+  if seen then
+    if tonumber(seen) == 0 then return {0} end
+    return {tonumber(seen), 0, redis.call('HMGET', meta, unpack(META))}
+  end
+end
 
 local state = redis.call(
   'HMGET', meta, 'head_seq', 'head_chain', 'last_user_seq', 'version', 'rewrite_version')
@@ -19,6 +31,7 @@ if not start then
   start = time[1] .. string.format('%06d', tonumber(time[2])) .. '000'
   redis.call('HSET', meta, 'version', start)
   redis.call('HSETNX', meta, 'created_at', now)
+  redis.call('PERSIST', KEYS[7])  -- a write given up on before may have left it expiring
 end
 if not state[5] or state[5] == '0' then
   -- created here, or stored before rewrites were kept: nothing earlier is known to have
@@ -82,4 +95,5 @@ for i = 1, nfields do
   fields[#fields + 1] = ARGV[5 + 2 * i]
 end
 redis.call('HSET', meta, unpack(fields))
+if write_id ~= '' then remember_write(KEYS[7], write_id, first) end
 return {first, superseded, redis.call('HMGET', meta, unpack(META))}

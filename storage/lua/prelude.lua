@@ -2,9 +2,11 @@
 -- Key suffixes: meta (hash), msgs (hash seq -> message JSON), active (zset chain scored
 -- by seq: active messages only), users (zset of active user seqs), stubs (hash seq ->
 -- compressed_content), tools (hash tool_call_id -> seqs), summaries (list), locks (hash),
--- media (hash digest -> media type, newline, bytes; written by storage/redis.py).
+-- media (hash digest -> media type, newline, bytes; written by storage/redis.py), writes
+-- (zset: the ids of the latest turn writes scored by their first seq, 0 for a write given
+-- up on; see landed.lua).
 
--- the meta fields a script returns, in SessionMeta's order (storage/redis.py _decode_meta)
+-- the meta fields a script returns, in SessionMeta's order (storage/redis_codec.py decode_meta)
 local META = {
   'head_seq', 'active_count', 'head_chain', 'last_user_seq', 'boundary_seq', 'system_prompt',
   'system_tokens', 'calibration', 'model', 'created_at', 'updated_at', 'version',
@@ -64,4 +66,15 @@ local function stubs_of(key, seqs)
     end
   end
   return found
+end
+
+-- the turn writes remembered per session: enough to recognise a write whose reply was lost
+-- (it is checked or retried within seconds), not a log
+local KEPT_WRITES = 64
+
+local function remember_write(key, write_id, first)
+  redis.call('ZADD', key, first, write_id)
+  if redis.call('ZCARD', key) > KEPT_WRITES then
+    redis.call('ZREMRANGEBYRANK', key, 0, -KEPT_WRITES - 1)
+  end
 end

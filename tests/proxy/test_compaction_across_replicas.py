@@ -1,5 +1,6 @@
-"""Two proxy processes on one Redis: one overflow is compacted exactly once, whichever
-replica serves which turn, and either replica restarts the window from the summary."""
+"""Two proxy processes on one Redis (a server, or a cluster): one overflow is compacted
+exactly once, whichever replica serves which turn, and either replica restarts the window
+from the summary."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import httpx
 import openai
 import pytest
 from e2e import CLIENT_KEY, write_agent
-from redis.asyncio import Redis
+from redis_server import flush_redis
 from servers import free_port
 
 from proxy.fake_upstream import FakeUpstream, Reply
@@ -98,8 +99,16 @@ class Replica:
         self.log.close()
 
 
+@pytest.fixture(scope="module", params=["redis", "cluster"])
+def shared_store(request: pytest.FixtureRequest) -> str:
+    """The Redis the replicas share: one server, or the cluster (the compaction lock on the
+    session's slot)."""
+    fixture = "redis_cluster" if request.param == "cluster" else "redis_server"
+    return str(request.getfixturevalue(fixture).url)
+
+
 @pytest.fixture(scope="module")
-def cluster(redis_server, tmp_path_factory: pytest.TempPathFactory
+def cluster(shared_store: str, tmp_path_factory: pytest.TempPathFactory
             ) -> Iterator[tuple[FakeUpstream, Model, list[Replica]]]:
     """One fake upstream and two replicas for the module (starting processes is slow)."""
     root = tmp_path_factory.mktemp("replicas")
@@ -109,7 +118,7 @@ def cluster(redis_server, tmp_path_factory: pytest.TempPathFactory
                 memoryConfig={"kind": "auto_compact", "compactAtRatio": 0.5})
     model = Model()
     with FakeUpstream.running(default_reply=model, count_tokens=prompt_tokens) as fake:
-        started = [Replica(str(redis_server.url), fake.url, agents, root / f"replica{i}.log")
+        started = [Replica(shared_store, fake.url, agents, root / f"replica{i}.log")
                    for i in range(2)]
         try:
             for replica in started:
@@ -121,13 +130,8 @@ def cluster(redis_server, tmp_path_factory: pytest.TempPathFactory
 
 
 @pytest.fixture
-def replicas(cluster, redis_server) -> tuple[FakeUpstream, Model, list[Replica]]:
-    async def flush() -> None:
-        client = Redis.from_url(redis_server.url)
-        await client.flushdb()
-        await client.aclose()
-
-    asyncio.run(flush())
+def replicas(cluster, shared_store) -> tuple[FakeUpstream, Model, list[Replica]]:
+    flush_redis(shared_store)
     fake, model, started = cluster
     fake.reset()
     model.summary_delay, model.delays = 1.0, {}
@@ -196,7 +200,7 @@ def settle(condition: Callable[[], bool], *, timeout: float = 15, quiet: float =
     time.sleep(quiet)
 
 
-def test_turns_alternating_between_replicas_compact_one_overflow_once(replicas, redis_server):
+def test_turns_alternating_between_replicas_compact_one_overflow_once(replicas, shared_store):
     fake, _, (a, b) = replicas
     n = 0
     while not summarizer_calls(fake):
@@ -207,8 +211,8 @@ def test_turns_alternating_between_replicas_compact_one_overflow_once(replicas, 
         deadline = time.monotonic() + 0.5
         while not summarizer_calls(fake) and time.monotonic() < deadline:
             time.sleep(0.02)
-    settle(lambda: bool(snapshot(redis_server.url, "alt").summaries))
-    [record] = snapshot(redis_server.url, "alt").summaries
+    settle(lambda: bool(snapshot(shared_store, "alt").summaries))
+    [record] = snapshot(shared_store, "alt").summaries
     assert (record.kind, record.from_seq, record.to_seq) == ("compaction", 1, 2 * n)
     # the other replica restarts the window from the summary the first one wrote
     turn((a, b)[(n + 1) % 2], "alt", n + 1)
@@ -217,10 +221,10 @@ def test_turns_alternating_between_replicas_compact_one_overflow_once(replicas, 
     assert sent[2]["content"].startswith(f"turn {n + 1}:")
     time.sleep(1.0)
     assert compactions_started(fake) == 1
-    assert len(snapshot(redis_server.url, "alt").messages) == 2 * (n + 1)
+    assert len(snapshot(shared_store, "alt").messages) == 2 * (n + 1)
 
 
-def test_two_replicas_crossing_the_ratio_at_once_compact_exactly_once(replicas, redis_server):
+def test_two_replicas_crossing_the_ratio_at_once_compact_exactly_once(replicas, shared_store):
     fake, model, (a, b) = replicas
     for n in range(1, 4):
         turn((a, b)[n % 2], "both", n)
@@ -233,9 +237,9 @@ def test_two_replicas_crossing_the_ratio_at_once_compact_exactly_once(replicas, 
     agent_calls = [r.body for r in fake.chat_requests if not is_summarizer(r.body)]
     assert len(agent_calls) == 5
     assert [len(body["messages"]) for body in agent_calls[-2:]] == [8, 8]  # both saw 3 turns
-    settle(lambda: bool(snapshot(redis_server.url, "both").summaries), quiet=2.0)
+    settle(lambda: bool(snapshot(shared_store, "both").summaries), quiet=2.0)
     assert compactions_started(fake) == 1
-    state = snapshot(redis_server.url, "both")
+    state = snapshot(shared_store, "both")
     [record] = state.summaries
     assert record.kind == "compaction" and record.from_seq == 1
     assert state.meta.boundary_seq == record.to_seq
@@ -251,7 +255,7 @@ def test_two_replicas_crossing_the_ratio_at_once_compact_exactly_once(replicas, 
 
 
 def test_a_replica_that_planned_before_another_compacted_does_not_summarize_again(
-    replicas, redis_server
+    replicas, shared_store
 ):
     fake, model, (a, b) = replicas
     model.summary_delay = 0.0
@@ -261,9 +265,9 @@ def test_a_replica_that_planned_before_another_compacted_does_not_summarize_agai
     # compacted and released the lock: b's plan is stale and must not reach the summarizer
     model.delays = {"turn 4:": 0.3, "turn 5:": 2.0}
     at_once(lambda: turn(a, "late", 4), lambda: turn(b, "late", 5))
-    settle(lambda: bool(snapshot(redis_server.url, "late").summaries), quiet=1.5)
+    settle(lambda: bool(snapshot(shared_store, "late").summaries), quiet=1.5)
     assert compactions_started(fake) == 1
-    state = snapshot(redis_server.url, "late")
+    state = snapshot(shared_store, "late")
     [record] = state.summaries
     assert (record.from_seq, record.to_seq) == (1, 8)
     assert [m.content[:7] for m in state.messages[8:] if m.role == "user"] == ["turn 5:"]

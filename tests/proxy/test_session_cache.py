@@ -383,7 +383,7 @@ def test_after_append_accounts_for_every_field_of_a_turn_write():
     # SessionCache.after_append must be reviewed with it
     assert set(TurnWrite.__dataclass_fields__) == {
         "messages", "supersede_after", "supersede_until", "system_prompt", "system_tokens",
-        "model", "calibration", "compressed",
+        "model", "calibration", "compressed", "write_id",
     }
 
 

@@ -10,12 +10,14 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import httpx
+from redis_server import free_port
 
 SOAK = os.environ.get("SOAK") == "1"
 REPO = Path(__file__).resolve().parents[2]
@@ -87,3 +89,14 @@ class ProxyProcess:
 
     def stop(self) -> None:
         self.kill(signal.SIGTERM)
+
+
+def start_proxies(count: int, env: Mapping[str, str], root: Path) -> list[ProxyProcess]:
+    """``count`` proxy processes on free ports, started at once (each takes seconds)."""
+    processes = [ProxyProcess(free_port(), env, root / f"proxy-{n}.log") for n in range(count)]
+    starting = [threading.Thread(target=p.start) for p in processes]
+    for thread in starting:
+        thread.start()
+    for thread in starting:
+        thread.join(60)
+    return processes

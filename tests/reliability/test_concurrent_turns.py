@@ -9,7 +9,6 @@ and two ``memory-proxy serve`` processes). ``SOAK=1`` repeats it many times.
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,8 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 from e2e import ADMIN_TOKEN, CLIENT_KEY, RunningProxy
-from redis_server import RedisServer, flush_redis, free_port
-from reliability_support import ProxyProcess, report, scaled
+from redis_server import RedisServer, flush_redis
+from reliability_support import report, scaled, start_proxies
 
 from proxy.fake_upstream import FakeUpstream
 from proxy.identity import namespace_for
@@ -121,12 +120,7 @@ def test_two_proxy_processes_on_one_redis_store_every_turn_once(
     env = {"MEMORY_PROXY_STORE_URL": redis_server.url, "MEMORY_PROXY_UPSTREAM_URL": fake.url,
            "MEMORY_PROXY_AGENTS_DIR": str(agents), "MEMORY_PROXY_ADMIN_TOKEN": ADMIN_TOKEN,
            "MEMORY_PROXY_LOG_LEVEL": "warning"}
-    processes = [ProxyProcess(free_port(), env, tmp_path / f"proxy-{n}.log") for n in range(2)]
-    starting = [threading.Thread(target=p.start) for p in processes]
-    for thread in starting:
-        thread.start()
-    for thread in starting:
-        thread.join(60)
+    processes = start_proxies(2, env, tmp_path)
     try:
         for repetition in range(REPETITIONS):
             session = f"procs-{repetition}"

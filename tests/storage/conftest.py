@@ -7,13 +7,15 @@ from pathlib import Path
 
 import pytest
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster as ClusterClient
+from redis_cluster import RedisCluster
 from redis_server import RedisServer
 
 from storage.base import Store
 from storage.redis import RedisStore
 from storage.sqlite import SqliteStore
 
-BACKENDS = ["sqlite", "redis"]
+BACKENDS = ["sqlite", "redis", "cluster"]
 
 
 @pytest.fixture
@@ -28,6 +30,25 @@ async def redis_client(redis_server: RedisServer) -> AsyncIterator[Redis]:
 @pytest.fixture
 async def redis_store(redis_server: RedisServer, redis_client: Redis) -> AsyncIterator[RedisStore]:
     store = RedisStore(redis_server.url)
+    await store.open()
+    yield store
+    await store.close()
+
+
+@pytest.fixture
+async def cluster_client(redis_cluster: RedisCluster) -> AsyncIterator[ClusterClient]:
+    """A raw cluster client on flushed masters."""
+    client = ClusterClient.from_url(redis_cluster.url.replace("redis+cluster", "redis"))
+    await client.flushdb(target_nodes=ClusterClient.PRIMARIES)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def cluster_store(
+    redis_cluster: RedisCluster, cluster_client: ClusterClient
+) -> AsyncIterator[RedisStore]:
+    store = RedisStore(redis_cluster.url)
     await store.open()
     yield store
     await store.close()

@@ -646,6 +646,41 @@ async def test_load_returns_the_agent_config_override(store: Store) -> None:
     assert (await store.load(KEY, LoadSpec())).agent_config == config
 
 
+# --- write ids ---------------------------------------------------------------------------
+
+
+async def test_a_write_sent_again_with_its_id_is_stored_once(store: Store) -> None:
+    await conversation(store, 1)
+    write = TurnWrite([user("once"), assistant("reply")])
+
+    first = await store.append_turn(KEY, write)
+    again = await store.append_turn(KEY, write)
+
+    assert again.seqs == first.seqs == [3, 4]
+    assert again.meta.head_seq == 4
+    assert await load(store) == ["question 0", "answer 0", "once", "reply"]
+
+
+async def test_a_write_id_is_recognised_after_later_writes_and_concurrent_copies(
+    store: Store,
+) -> None:
+    write = TurnWrite([user("q"), assistant("a")])
+    results = await asyncio.gather(*(store.append_turn(KEY, write) for _ in range(5)))
+    await append(store, user("later"))
+
+    again = await store.append_turn(KEY, write)
+
+    assert {tuple(r.seqs) for r in [*results, again]} == {(1, 2)}
+    assert await load(store) == ["q", "a", "later"]
+
+
+async def test_the_same_messages_under_a_new_write_id_are_a_new_turn(store: Store) -> None:
+    await store.append_turn(KEY, TurnWrite([user("same")]))
+    await store.append_turn(KEY, TurnWrite([user("same")]))
+
+    assert await load(store) == ["same", "same"]
+
+
 # --- locks and parts ---------------------------------------------------------------------------
 
 
