@@ -271,9 +271,10 @@ def render(r: dict[str, Any]) -> str:
 
     lines += ["## Per-turn cost against stored history", "",
               f"aiohttp client at concurrency 1, {r['plan']['history_requests']} delta turns per "
-              "target and size, default strategy (summarizing_window: loads up to "
-              "maxHistoryFetch = 500 messages and sends what fits the budget, so the window "
-              "itself grows up to 500 messages). Latency in ms; CPU is the proxy's per turn. "
+              "target and size, default strategy (summarizing_window: reads history in pages "
+              "of maxHistoryFetch = 500 messages until its budget, 0.8 of the 128,000-token "
+              "default window, is full, and sends what fits it, so the window grows with the "
+              "history until the budget holds it). Latency in ms; CPU is the proxy's per turn. "
               "**Warm**: the measured turns, on sessions the proxy served before (its session "
               "cache holds them; a load reads the session's head only). **Cold**: the turn "
               "before, the first one on each session of the pool (the session is read and "
