@@ -125,7 +125,7 @@ async def chat_completions(services: Services, call: ChatCall) -> BodyReply | St
     streaming = body.get("stream") is True
     request_headers = call.headers
     headers = forwarded_headers(request_headers)
-    limits.check_identifiers(body, messages)
+    limits.check_identifiers(body)
     limits.check_limits(services.settings, messages, headers)
 
     if request_headers.get("x-memory", "").lower() == "off":

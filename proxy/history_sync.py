@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 
 from proxy.errors import BadRequest
+from proxy.limits import check_message_identifiers
 from strategies.records import StoredMessage, chain_hash
 
 SYSTEM_ROLES = ("system", "developer")
@@ -34,6 +35,7 @@ def validate_messages(messages: Any) -> list[dict[str, Any]]:
             and message.get("role") in PLAIN_ROLES
             and "name" not in message
             and "tool_calls" not in message
+            and "tool_call_id" not in message
         ):
             continue  # a plain text message: nothing more to check
         param = f"messages[{index}]"
@@ -71,6 +73,7 @@ def validate_messages(messages: Any) -> list[dict[str, Any]]:
                         f"{param}.tool_calls entries need an id", param=f"{param}.tool_calls"
                     )
                 _check_function(call.get("function"), f"{param}.tool_calls")
+        check_message_identifiers(message, param)
     return messages
 
 

@@ -51,22 +51,25 @@ def _function_name(holder: Any, param: str) -> None:
         _bounded(holder.get("name"), f"{param}.name")
 
 
-def check_identifiers(body: Mapping[str, Any], messages: list[dict[str, Any]]) -> None:
-    """Raise a 400 for an identifier-like field past ``MAX_IDENTIFIER_CHARS``; ``messages``
-    are already validated (``history_sync.validate_messages``)."""
+def check_message_identifiers(message: Mapping[str, Any], param: str) -> None:
+    """A 400 for an identifier-like field of one message past ``MAX_IDENTIFIER_CHARS``
+    (called by ``history_sync.validate_messages`` for every message that has any, after
+    its shape checks)."""
+    _bounded(message.get("name"), f"{param}.name")
+    _bounded(message.get("tool_call_id"), f"{param}.tool_call_id")
+    for number, call in enumerate(message.get("tool_calls") or ()):
+        _bounded(call.get("id"), f"{param}.tool_calls[{number}].id")
+        _function_name(call, f"{param}.tool_calls[{number}]")
+
+
+def check_identifiers(body: Mapping[str, Any]) -> None:
+    """A 400 for an identifier-like field of the body past ``MAX_IDENTIFIER_CHARS``: the
+    model, tool definition names and ``tool_choice`` (the messages' own are checked as
+    they are validated)."""
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise BadRequest("'model' must be a string", param="model")
     _bounded(model, "model")
-    for index, message in enumerate(messages):
-        if len(message) == 2 and "content" in message:
-            continue  # role and content: nothing to check (most messages)
-        param = f"messages[{index}]"
-        _bounded(message.get("name"), f"{param}.name")
-        _bounded(message.get("tool_call_id"), f"{param}.tool_call_id")
-        for number, call in enumerate(message.get("tool_calls") or ()):
-            _bounded(call.get("id"), f"{param}.tool_calls[{number}].id")
-            _function_name(call, f"{param}.tool_calls[{number}]")
     tools = body.get("tools")
     if isinstance(tools, list):
         for number, tool in enumerate(tools):
