@@ -75,11 +75,20 @@ def tune_gc() -> None:
 
 def build_upstream(settings: Settings) -> Upstream:
     from proxy.upstream.litellm_upstream import LitellmUpstream
-    from proxy.upstream.openai_http import OpenAIUpstream
+    from proxy.upstream.openai_http import OpenAIUpstream, TLSSettings
     from proxy.upstream.router import RoutedUpstream
 
     direct = OpenAIUpstream(
-        settings.upstream_url, api_key=settings.upstream_key(), timeout=settings.upstream_timeout
+        settings.upstream_url,
+        api_key=settings.upstream_key(),
+        timeout=settings.upstream_timeout,
+        max_connections=settings.upstream_max_connections,
+        tls=TLSSettings(
+            ca_bundle=settings.upstream_ca_bundle,
+            client_cert=settings.upstream_client_cert,
+            client_key=settings.upstream_client_key,
+            verify=settings.upstream_tls_verify,
+        ),
     )
     return RoutedUpstream(
         direct,

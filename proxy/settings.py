@@ -34,6 +34,14 @@ class Settings(BaseSettings):
     default_model: str = "gpt-4o"
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
     upstream_timeout: float = 600.0
+    # the direct upstream's connection pool and TLS (HTTP(S)_PROXY / NO_PROXY are read from
+    # the environment); a CA bundle replaces the system trust store, a client certificate
+    # (with its key, unless the file holds both) is presented to the upstream
+    upstream_max_connections: int = Field(default=100, ge=1)
+    upstream_ca_bundle: str | None = None
+    upstream_client_cert: str | None = None
+    upstream_client_key: str | None = None
+    upstream_tls_verify: bool = True
     # how long a turn waits for a running compaction of its session before going ahead
     compaction_wait_seconds: float = 15.0
     # summarizer calls allowed per session per hour (bounds cost and loops)

@@ -1,28 +1,25 @@
-"""The direct path to any OpenAI-compatible upstream, over the pooled HTTP/1.1 client of
-``proxy.upstream.http1``.
+"""The direct path to any OpenAI-compatible upstream, on aiohttp.
 
-Why a hand-rolled client: this call sits on the hot path of every turn, and aiohttp's
-``ClientSession`` cost about 0.27 ms of CPU per proxied request on the 2-core benchmark
-machine (~17% of a turn). ``http1`` (asyncio protocols, ``httptools``' C parser, timers
-instead of tasks) does the same calls for about a third of the CPU: with
-``bench/upstream_client.py`` on uvloop, 0.23 -> 0.07 ms per call at concurrency 32,
-0.35 -> 0.16 ms sequentially, 0.53 -> 0.25 ms per stream (the driver's ~0.01 ms included).
-(httpx was ruled out earlier: its 0.28 connection pool degrades under concurrency.)
-
-Requests ask for ``Accept-Encoding: identity``: replies are small JSON or SSE that the
-proxy parses anyway, so compression would only add CPU at both ends, and a compressing
-front (nginx, a CDN) may buffer an SSE stream into bigger, later chunks. A ``gzip`` or
-``deflate`` body sent regardless is decoded.
+What users of an HTTP proxy expect comes with the library: ``HTTP(S)_PROXY`` and
+``NO_PROXY`` (``trust_env``), a connection limit, keep-alive pooling, TLS settings (a CA
+bundle, a client certificate), redirects (credentials dropped on another origin), and
+``gzip``/``deflate`` bodies decoded. Requests ask for ``Accept-Encoding: identity``:
+replies are small JSON or SSE that the proxy parses anyway, so compression would only add
+CPU at both ends, and a compressing front may buffer an SSE stream into bigger, later
+chunks.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections import deque
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
-from urllib.parse import urljoin
+from urllib.parse import urljoin, urlsplit
 
+import aiohttp
 import orjson
 
 from proxy.errors import (
@@ -33,11 +30,10 @@ from proxy.errors import (
 )
 from proxy.sse import SSEParser
 from proxy.upstream.base import SSEEvent, UpstreamRequest, UpstreamResponse
-from proxy.upstream.http1 import HTTP1Client, IncompleteResponse, Response, Target
 
-__all__ = ["OpenAIStream", "OpenAIUpstream", "upstream_error"]
+__all__ = ["OpenAIStream", "OpenAIUpstream", "TLSSettings", "upstream_error"]
 
-# set by the client itself or meaningless once the body is re-serialized
+# set by the client library itself or meaningless once the body is re-serialized
 _DROPPED_HEADERS = frozenset(
     {"host", "content-length", "content-type", "content-encoding", "accept-encoding",
      "connection", "keep-alive", "transfer-encoding", "te", "upgrade", "proxy-connection",
@@ -47,33 +43,71 @@ _BASE_HEADERS = {"accept": "*/*", "accept-encoding": "identity", "user-agent": "
 _JSON_HEADERS = {**_BASE_HEADERS, "content-type": "application/json"}
 # after [DONE], how long aclose() waits for the end of the body to keep the connection
 _DRAIN_SECONDS = 1.0
+_KEEPALIVE_SECONDS = 60.0
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _MAX_REDIRECTS = 10
 
 
-def upstream_error(exc: OSError, url: str) -> UpstreamError:
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urlsplit(url)
+    return parts.scheme, parts.hostname or "", parts.port
+
+
+@dataclass(frozen=True, slots=True)
+class TLSSettings:
+    """How the upstream's certificate is checked and what the proxy presents: a CA bundle
+    instead of the system's trust store, a client certificate (and its key), or no check
+    at all (``verify=False``: only for a test upstream)."""
+
+    ca_bundle: str | None = None
+    client_cert: str | None = None
+    client_key: str | None = None
+    verify: bool = True
+
+    def context(self) -> ssl.SSLContext | bool:
+        if not self.verify:
+            return False
+        context = ssl.create_default_context(cafile=self.ca_bundle)
+        if self.client_cert:
+            context.load_cert_chain(self.client_cert, self.client_key)
+        return context
+
+
+def upstream_error(exc: BaseException, url: str) -> UpstreamError:
     """The one seam where the HTTP client's failures become ``proxy.errors``."""
     if isinstance(exc, TimeoutError):
         return UpstreamTimeout(f"upstream timed out: {url}")
-    if isinstance(exc, IncompleteResponse):
+    if isinstance(exc, aiohttp.ClientPayloadError | aiohttp.ServerDisconnectedError):
         return UpstreamConnectError(f"upstream connection cut mid-response: {url}")
+    if isinstance(exc, aiohttp.InvalidURL):
+        return UpstreamConnectError(f"upstream unreachable: {url}: not an http(s) URL")
     return UpstreamConnectError(f"upstream unreachable: {url}: {exc}")
+
+
+def _headers_of(response: aiohttp.ClientResponse) -> dict[str, str]:
+    """Response headers, lower-cased; a repeated header's values joined as HTTP allows."""
+    out: dict[str, str] = {}
+    for name, value in response.headers.items():
+        key = name.lower()
+        out[key] = f"{out[key]}, {value}" if key in out else value
+    return out
 
 
 class OpenAIStream:
     """A streaming completion: iterate for ``SSEEvent``s, ``aclose()`` when done.
 
-    ``aclose()`` before ``[DONE]`` aborts the connection, so the upstream sees the
-    disconnect and stops generating (and billing); after ``[DONE]`` it returns the
-    connection to the pool.
+    Each read of the upstream is parsed whole; ``ready()`` hands over the rest of what one
+    read brought. ``aclose()`` before ``[DONE]`` aborts the connection, so the upstream
+    sees the disconnect and stops generating (and billing); after ``[DONE]`` it returns
+    the connection to the pool.
     """
 
     def __init__(
-        self, response: Response, url: str, read_timeout: float | None,
+        self, response: aiohttp.ClientResponse, url: str, read_timeout: float | None,
         first_byte_timeout: float | None,
     ) -> None:
         self.status_code = response.status
-        self.headers = response.headers
+        self.headers = _headers_of(response)
         self._response = response
         self._url = url
         self._read_timeout = read_timeout
@@ -92,8 +126,9 @@ class OpenAIStream:
             if self._eof:
                 raise StopAsyncIteration
             try:
-                chunk = await self._response.next_chunk(self._next_timeout)
-            except OSError as exc:
+                async with asyncio.timeout(self._next_timeout):
+                    chunk = await self._response.content.readany()
+            except (aiohttp.ClientError, TimeoutError) as exc:
                 raise upstream_error(exc, self._url) from exc
             self._next_timeout = self._read_timeout
             if chunk:
@@ -107,8 +142,7 @@ class OpenAIStream:
         return pending.popleft()
 
     def ready(self) -> list[SSEEvent]:
-        """The events already received and not iterated yet, taken without waiting: the
-        rest of what one read of the upstream brought."""
+        """The events already received and not iterated yet, taken without waiting."""
         pending = self._pending
         if not pending:
             return []
@@ -122,16 +156,16 @@ class OpenAIStream:
             # the reader stopped at [DONE]: read the (already sent) end of the body so the
             # connection goes back to the pool instead of being closed
             try:
-                await response.read(asyncio.get_running_loop().time() + _DRAIN_SECONDS)
-            except OSError:
+                async with asyncio.timeout(_DRAIN_SECONDS):
+                    await response.read()
+            except (aiohttp.ClientError, TimeoutError):
                 pass
-        response.close()  # aborts unless the body was read to its end
+        if response.content.at_eof():
+            response.release()
+        else:
+            response.close()  # aborts: the upstream sees the client go
         self._eof = True
         self._pending.clear()
-
-
-def _deadline(deadline: float | None, timeout: float) -> float:
-    return asyncio.get_running_loop().time() + timeout if deadline is None else deadline
 
 
 def _min(a: float | None, b: float | None) -> float | None:
@@ -141,12 +175,14 @@ def _min(a: float | None, b: float | None) -> float | None:
 
 
 class OpenAIUpstream:
-    """``POST {base_url}/chat/completions`` and ``GET {base_url}/models`` over ``http1``.
+    """``POST {base_url}/chat/completions`` and ``GET {base_url}/models``.
 
     ``timeout`` bounds a whole non-streaming call and the silence between two reads of a
     stream; ``first_byte_timeout`` (optional) bounds the wait for the response headers and,
     for a stream, for its first bytes. When ``api_key`` is set it replaces the client's
     ``Authorization``; otherwise the request's headers are forwarded as given.
+    ``max_connections`` bounds the pool; ``trust_env`` takes ``HTTP(S)_PROXY`` and
+    ``NO_PROXY`` from the environment.
     """
 
     def __init__(
@@ -157,6 +193,9 @@ class OpenAIUpstream:
         timeout: float = 600,
         connect_timeout: float = 10,
         first_byte_timeout: float | None = None,
+        max_connections: int = 100,
+        tls: TLSSettings | None = None,
+        trust_env: bool = True,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
@@ -165,25 +204,28 @@ class OpenAIUpstream:
         self._models_url = f"{self.base_url}/models"
         self._timeout = timeout
         self._connect_timeout = connect_timeout
+        self._max_connections = max_connections
+        self._tls = tls or TLSSettings()
+        self._trust_env = trust_env
         self._authorization = None if api_key is None else f"Bearer {api_key}"
-        self._chat_target: Target | None = None
-        self._models_target: Target | None = None
-        self._bad_url: ValueError | None = None
-        try:
-            self._chat_target = Target.parse(self._chat_url)
-            self._models_target = Target.parse(self._models_url)
-        except ValueError as exc:  # reported per call, as an unreachable upstream
-            self._bad_url = exc
-        self._client: HTTP1Client | None = None
+        self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
-        if self._client is None:
-            self._client = HTTP1Client(keepalive=60, connect_timeout=self._connect_timeout)
+        if self._session is None:
+            connector = aiohttp.TCPConnector(
+                limit=self._max_connections, keepalive_timeout=_KEEPALIVE_SECONDS,
+                ssl=self._tls.context(),
+            )
+            self._session = aiohttp.ClientSession(
+                connector=connector, trust_env=self._trust_env,
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout),
+                skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept"),
+            )
 
     async def close(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            await client.close()
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
 
     async def __aenter__(self) -> OpenAIUpstream:
         await self.start()
@@ -208,55 +250,58 @@ class OpenAIUpstream:
         return out
 
     async def _request(
-        self, method: str, target: Target | None, url: str, headers: dict[str, str],
-        body: bytes | None, deadline: float | None, header_timeout: float | None,
-    ) -> Response:
-        if self._client is None:
+        self, method: str, url: str, headers: dict[str, str], body: bytes | None,
+        header_timeout: float | None,
+    ) -> aiohttp.ClientResponse:
+        """Send the request and wait for the response headers (``header_timeout``)."""
+        if self._session is None:
             await self.start()
-        assert self._client is not None
-        if target is None:
-            raise UpstreamConnectError(f"upstream unreachable: {url}: {self._bad_url}")
+        assert self._session is not None
+        session = self._session
         try:
-            for _ in range(_MAX_REDIRECTS):
-                response = await self._client.request(
-                    method, target, headers, body, deadline=deadline,
-                    header_timeout=header_timeout,
-                )
-                status = response.status
-                if status not in _REDIRECTS or (body is not None and status < 307):
-                    return response
-                location = response.headers.get("location")
-                if location is None:
-                    return response
-                # a redirect that keeps the request as it is: follow it, as aiohttp did
-                await response.read(_deadline(deadline, self._timeout))
-                url = urljoin(url, location)
-                try:
-                    moved = Target.parse(url)
-                except ValueError:
-                    raise UpstreamConnectError(f"upstream redirected to {url}") from None
-                if moved.origin != target.origin:  # credentials stay with their origin
-                    headers = {k: v for k, v in headers.items() if k != "authorization"}
-                target = moved
-        except OSError as exc:
+            async with asyncio.timeout(header_timeout):
+                for _ in range(_MAX_REDIRECTS):
+                    response = await session.request(
+                        method, url, data=body, headers=headers, allow_redirects=False
+                    )
+                    location = response.headers.get("location")
+                    # a 301/302/303 answer to a POST is passed back as it is (following it
+                    # would turn the call into a GET); other redirects keep the request
+                    if response.status not in _REDIRECTS or location is None or (
+                        body is not None and response.status < 307
+                    ):
+                        return response
+                    await response.read()
+                    response.release()
+                    moved = urljoin(url, location)
+                    if _origin(moved) != _origin(url):  # credentials stay with their origin
+                        headers = {k: v for k, v in headers.items() if k != "authorization"}
+                    url = moved
+                return response
+        except (aiohttp.ClientError, TimeoutError, ValueError, OSError) as exc:
             raise upstream_error(exc, url) from exc
-        return response
+
+    async def _read(self, response: aiohttp.ClientResponse, url: str, seconds: float) -> bytes:
+        try:
+            async with asyncio.timeout(seconds):
+                return await response.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise upstream_error(exc, url) from exc
+        finally:
+            response.release()
 
     async def _post(
-        self, request: UpstreamRequest, body: dict[str, Any], deadline: float | None,
-        header_timeout: float | None,
-    ) -> Response:
+        self, request: UpstreamRequest, body: dict[str, Any], header_timeout: float | None,
+        deadline: float,
+    ) -> aiohttp.ClientResponse:
         """Send the request and wait for the response headers; raises an error status."""
         url = self._chat_url
         response = await self._request(
-            "POST", self._chat_target, url, self._headers(request.headers, True),
-            orjson.dumps(body), deadline, header_timeout,
+            "POST", url, self._headers(request.headers, True), orjson.dumps(body),
+            header_timeout,
         )
         if response.status >= 300:
-            try:
-                error_body = await response.read(_deadline(deadline, self._timeout))
-            except OSError as exc:
-                raise upstream_error(exc, url) from exc
+            error_body = await self._read(response, url, self._remaining(deadline))
             raise UpstreamStatusError(
                 f"upstream answered {response.status}",
                 status_code=response.status,
@@ -266,34 +311,34 @@ class OpenAIUpstream:
             )
         return response
 
+    @staticmethod
+    def _remaining(deadline: float) -> float:
+        return max(0.0, deadline - asyncio.get_running_loop().time())
+
     async def chat(self, request: UpstreamRequest) -> UpstreamResponse:
         body = request.body
         if body.get("stream"):
             body = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
         deadline = asyncio.get_running_loop().time() + self._timeout
-        response = await self._post(request, body, deadline, self.first_byte_timeout)
-        try:
-            data = await response.read(deadline)
-        except OSError as exc:
-            raise upstream_error(exc, self._chat_url) from exc
-        return UpstreamResponse(response.status, data, response.headers)
+        response = await self._post(
+            request, body, _min(self._timeout, self.first_byte_timeout), deadline
+        )
+        data = await self._read(response, self._chat_url, self._remaining(deadline))
+        return UpstreamResponse(response.status, data, _headers_of(response))
 
     async def chat_stream(self, request: UpstreamRequest) -> OpenAIStream:
         body = request.body
         if body.get("stream") is not True:
             body = {**body, "stream": True}
         header_timeout = _min(self._timeout, self.first_byte_timeout)
-        response = await self._post(request, body, None, header_timeout)
+        deadline = asyncio.get_running_loop().time() + self._timeout
+        response = await self._post(request, body, header_timeout, deadline)
         return OpenAIStream(response, self._chat_url, self._timeout, self.first_byte_timeout)
 
     async def models(self, headers: dict[str, str]) -> UpstreamResponse:
         url = self._models_url
-        deadline = asyncio.get_running_loop().time() + self._timeout
         response = await self._request(
-            "GET", self._models_target, url, self._headers(headers, False), None, deadline, None
+            "GET", url, self._headers(headers, False), None, self._timeout
         )
-        try:
-            data = await response.read(deadline)
-        except OSError as exc:
-            raise upstream_error(exc, url) from exc
-        return UpstreamResponse(response.status, data, response.headers)
+        data = await self._read(response, url, self._timeout)
+        return UpstreamResponse(response.status, data, _headers_of(response))

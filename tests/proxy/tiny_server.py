@@ -1,5 +1,5 @@
 """Tiny scripted HTTP/1.1 servers on loopback and a throwaway TLS CA, for the tests of
-``proxy.upstream.http1`` (tests/proxy/test_http1_client.py)."""
+the direct upstream's HTTP behaviour (tests/proxy/test_upstream_http.py)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import pytest
-
-from proxy.upstream.http1 import Target
 
 Reader = asyncio.StreamReader
 Writer = asyncio.StreamWriter
@@ -51,9 +47,6 @@ class TinyServer:
         scheme = "https" if self.tls else "http"
         host = "localhost" if self.tls else "127.0.0.1"
         return f"{scheme}://{host}:{self.port}"
-
-    def target(self, path: str = "/") -> Target:
-        return Target.parse(self.url + path)
 
     async def __aenter__(self) -> TinyServer:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=self.tls)
@@ -146,7 +139,7 @@ def redirect(status: int, location: str) -> Handler:
 
 def make_certificates(directory: Path) -> tuple[Path, Path, Path]:
     """A throwaway CA and a server certificate for localhost/127.0.0.1 signed by it."""
-    x509 = pytest.importorskip("cryptography.x509", reason="https tests need `cryptography`")
+    from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
