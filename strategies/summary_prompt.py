@@ -88,6 +88,14 @@ def render_summary(summary: SummaryRecord, placement: Placement) -> dict[str, An
     return f"\n\n## Earlier conversation\n{_label(summary)}\n{text}"
 
 
+def is_summary_message(message: Any) -> bool:
+    """Whether a rendered message is a summary placed as USER_MESSAGE (``render_summary``)."""
+    if not isinstance(message, dict) or message.get("role") != "user":
+        return False
+    content = message.get("content")
+    return isinstance(content, str) and content.startswith(_USER_MESSAGE_LEAD)
+
+
 def _call_text(call: Any) -> str:
     function = call.get("function") if isinstance(call, dict) else None
     if not isinstance(function, dict):
