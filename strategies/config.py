@@ -32,6 +32,12 @@ class SummarizingWindowConfig(_Config):
     autoSummarizeRatio: Ratio = 0.75
     summaryPlacement: Placement = "SYSTEM_PROMPT"
     maxHistoryFetch: Annotated[int, Field(ge=1)] = 500
+    # extensions beyond the spec (docs/MEMORY.md, "Keeping the prompt cache warm"): the
+    # window start stays where it was until the budget is reached, then the window is
+    # trimmed in one step to trimTargetShare of the budget and compression stubs are
+    # applied then, in one batch. stablePrefix false: the spec's refit at every request.
+    stablePrefix: bool = True
+    trimTargetShare: Ratio = 0.55
 
 
 class ToolResultEviction(_Config):

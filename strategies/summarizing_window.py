@@ -17,6 +17,7 @@ calibration (``ctx.calibration``) is applied in every decision against the conte
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,6 +45,9 @@ from strategies.validity import make_valid, tool_units, trim_to_units
 # the share of the window budget the kept tail may use after an automatic summary
 TAIL_SHARE = 0.5
 MIN_SUMMARIZED = 2
+# the reply record's meta key describing the window it answered (proxy/prompt_cache.py
+# writes it); its "start" is the seq that window started at
+WINDOW_META = "window"
 
 
 def latest_summary(
@@ -120,6 +124,29 @@ def fit_sizes(
     return keep_from
 
 
+def window_anchor(messages: Sequence[StoredMessage]) -> int | None:
+    """The seq the session's previous window started at: the window ``start`` the proxy
+    stored on the latest assistant message (the reply to that window's request). None when
+    that message carries none (a client's own message)."""
+    for message in reversed(messages):
+        if message.role == "assistant":
+            window = message.meta.get(WINDOW_META) if message.meta else None
+            value = window.get("start") if isinstance(window, dict) else None
+            return value if isinstance(value, int) and not isinstance(value, bool) else None
+    return None
+
+
+def held_start(
+    messages: Sequence[StoredMessage], live: Sequence[StoredMessage], turn: int
+) -> int:
+    """Index in ``live`` the window may not start before: where the previous window
+    started (``window_anchor``), never inside the current turn (from ``turn``)."""
+    anchor = window_anchor(messages)
+    if anchor is None:
+        return 0
+    return min(bisect.bisect_left(live, anchor, key=lambda m: m.seq), turn)
+
+
 class SummarizingWindowStrategy:
     """The system default: budget trimming, tool-result compression, opt-in summaries."""
 
@@ -156,15 +183,20 @@ class SummarizingWindowStrategy:
         pressure = exceeds(
             live_total, config.compressWhenWindowAboveRatio, context_window, calibration
         )
+        limit = round(config.maxConversationRatio * context_window, 6)
+        # stablePrefix: the window starts no earlier than the last one did (``held``) and
+        # changes only when it reaches the budget; compression joins that change
+        held = held_start(ctx.messages, live, turn) if config.stablePrefix else 0
+        overflow = not config.stablePrefix or (fixed + sum(sizes[held:])) * calibration > limit
         stubs: dict[int, str] = {}
-        if pressure and config.compressToolResults:
+        if pressure and overflow and config.compressToolResults:
             stubs = choose_compressions(
                 ctx.messages,
                 config,
                 context_window,
                 under_pressure=True,
                 calibration=calibration,
-                eligible=frozenset([m.seq for m in live]),
+                eligible=frozenset([m.seq for m in live[held:]]),
                 count_tokens=ctx.count_tokens,
             )
         if stubs:
@@ -176,9 +208,10 @@ class SummarizingWindowStrategy:
             notes.append(f"{len(stubs)} tool results compressed")
             live_total = fixed + sum(sizes)
 
-        limit = round(config.maxConversationRatio * context_window, 6)
         fits = bool(
             live
+            and not held
+            and not (config.stablePrefix and overflow)  # then trimmed to the target
             and not live_total * calibration > limit
             and calibration >= 0
             and min(sizes) >= 0
@@ -190,10 +223,16 @@ class SummarizingWindowStrategy:
             keep_from = 0
         else:
             units = tool_units(live)
-            keep_from = fit_sizes(
-                sizes, units, turn, fixed=fixed, limit=limit, calibration=calibration
-            )
-            keep_from = trim_to_units(live, min(keep_from, turn), units)
+            if overflow:
+                # the spec trims just below the budget; a stable prefix trims further, to
+                # trimTargetShare of it, so that the next turns fit without a change
+                target = limit * config.trimTargetShare if config.stablePrefix else limit
+                keep_from = fit_sizes(
+                    sizes, units, turn, fixed=fixed, limit=target, calibration=calibration
+                )
+            else:
+                keep_from = 0
+            keep_from = trim_to_units(live, min(max(keep_from, held), turn), units)
         # window items are built for the kept messages only
         items = [WindowItem(m, m.tokens) for m in (live[keep_from:] if keep_from else live)]
         for index, item in shaped.items():
@@ -273,6 +312,7 @@ class SummarizingWindowStrategy:
             total += message.tokens
         if exceeds(total, config.maxConversationRatio, context_window, calibration) or (
             config.compressToolResults
+            and not config.stablePrefix  # a stable prefix compresses at a trim only
             and exceeds(total, config.compressWhenWindowAboveRatio, context_window, calibration)
         ):
             return None

@@ -46,6 +46,9 @@ TRUNCATED = "[… truncated by memory-proxy:"
 # once, turn 5's result is small, turn 6's is larger than the single-message cap
 RESULT_SIZES = {4: [600, 600, 600, 600], 5: [50], 6: [2000]}
 TURNS = 14
+# compression at every request under pressure, as the spec words it (the default's stable
+# prefix compresses at trims only: tests/proxy/test_prompt_cache_end_to_end.py)
+SPEC_POLICY = {"kind": "summarizing_window", "stablePrefix": False}
 
 
 def results_for(turn: int) -> list[str]:
@@ -56,7 +59,10 @@ def results_for(turn: int) -> list[str]:
 def test_a_long_tool_heavy_session_is_compressed_truncated_and_trimmed_by_the_rules(
     make_proxy, fake, agents_dir
 ):
-    write_agent(agents_dir, "researcher", llm={"model": MODEL, "contextWindow": WINDOW})
+    # the spec's per-request policy (stablePrefix off): every rule is checked on every
+    # request (tests/proxy/test_prompt_cache_end_to_end.py covers the stable default)
+    write_agent(agents_dir, "researcher", llm={"model": MODEL, "contextWindow": WINDOW},
+                memoryConfig=SPEC_POLICY)
     scripted(fake)
     proxy = make_proxy()
     session = DeltaSession(proxy.client("researcher", "long"), fake, system=SYSTEM)
@@ -382,7 +388,8 @@ def test_stored_messages_are_never_tokenized_again_on_later_turns(
     """Counts are made once, at persist time; what a strategy renders every turn (stubs,
     truncations, the summary) is remembered. The tokenizer's work per turn follows what
     the turn brings, not the length of the history."""
-    write_agent(agents_dir, "counted", llm={"model": MODEL, "contextWindow": WINDOW})
+    write_agent(agents_dir, "counted", llm={"model": MODEL, "contextWindow": WINDOW},
+                memoryConfig=SPEC_POLICY)
     scripted(fake)
     proxy = make_proxy()
     session = DeltaSession(proxy.client("counted", "s"), fake, system=SYSTEM)
@@ -477,7 +484,8 @@ def test_a_full_history_clients_first_request_is_compressed_and_stored_losslessl
     make_proxy, fake, agents_dir
 ):
     """Stubs decided for the request's own new messages are written with them."""
-    write_agent(agents_dir, "resent", llm={"model": MODEL, "contextWindow": WINDOW})
+    write_agent(agents_dir, "resent", llm={"model": MODEL, "contextWindow": WINDOW},
+                memoryConfig=SPEC_POLICY)
     scripted(fake)
     proxy = make_proxy()
     history: list[dict] = []

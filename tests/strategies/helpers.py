@@ -81,6 +81,12 @@ def turn_start(messages: Sequence[StoredMessage]) -> int:
     return next((i for i in range(len(messages) - 1, -1, -1) if messages[i].role == "user"), 0)
 
 
+def spec_config(**fields: Any) -> SummarizingWindowConfig:
+    """summarizing_window under the spec's per-request policy (``stablePrefix`` off): the
+    window refitted at every request, compression at every request under pressure."""
+    return SummarizingWindowConfig(**{"stablePrefix": False, **fields})
+
+
 def context(
     messages: list[StoredMessage],
     config: MemoryConfig | None = None,
@@ -89,10 +95,11 @@ def context(
     system_tokens: int = 0,
     **fields: Any,
 ) -> WindowContext:
-    """A WindowContext over ``messages`` with the current turn at the latest user message."""
+    """A WindowContext over ``messages`` with the current turn at the latest user message;
+    summarizing_window under the spec's policy unless ``config`` says otherwise."""
     fields.setdefault("current_turn_start", turn_start(messages))
     return WindowContext(
-        config=config or SummarizingWindowConfig(),
+        config=config or spec_config(),
         context_window=context_window,
         messages=messages,
         system_tokens=system_tokens,

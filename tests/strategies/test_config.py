@@ -37,9 +37,12 @@ SPEC_WINDOWED = {"kind": "windowed", "windowSize": 20}
 SPEC_FULL = {"kind": "full", "maxHistoryFetch": 500}
 SPEC_NONE = {"kind": "none"}
 
+# knobs beyond the spec (docs/MEMORY.md, "Keeping the prompt cache warm")
+SUMMARIZING_WINDOW_EXTENSIONS = {"stablePrefix": True, "trimTargetShare": 0.55}
+
 # the defaults tables: toolResultEviction is null (off) unless given
 SPEC_DEFAULTS = {
-    "summarizing_window": SPEC_SUMMARIZING_WINDOW,
+    "summarizing_window": {**SPEC_SUMMARIZING_WINDOW, **SUMMARIZING_WINDOW_EXTENSIONS},
     "auto_compact": {**SPEC_AUTO_COMPACT, "toolResultEviction": None},
     "windowed": SPEC_WINDOWED,
     "full": SPEC_FULL,
@@ -63,13 +66,17 @@ def test_each_kind_parses_with_the_spec_defaults(kind):
     ],
 )
 def test_the_spec_examples_parse_and_round_trip(example):
-    assert parse_memory_config(example).to_dict() == example
+    parsed = parse_memory_config(example).to_dict()
+    if example["kind"] == "summarizing_window":
+        assert parsed == {**example, **SUMMARIZING_WINDOW_EXTENSIONS}
+    else:
+        assert parsed == example
 
 
 def test_no_config_means_summarizing_window_defaults():
     config = parse_memory_config(None)
     assert isinstance(config, SummarizingWindowConfig)
-    assert config.to_dict() == SPEC_SUMMARIZING_WINDOW
+    assert config.to_dict() == {**SPEC_SUMMARIZING_WINDOW, **SUMMARIZING_WINDOW_EXTENSIONS}
 
 
 def test_an_empty_eviction_object_gets_the_eviction_defaults():

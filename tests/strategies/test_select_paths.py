@@ -18,7 +18,17 @@ import unicodedata
 from typing import Any
 
 import pytest
-from helpers import assistant, call, context, history, seqs, tool, turn_start, user
+from helpers import (
+    assistant,
+    call,
+    context,
+    history,
+    seqs,
+    spec_config,
+    tool,
+    turn_start,
+    user,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_validity import histories
@@ -138,7 +148,7 @@ def turns(count: int, tokens: int = 100) -> list[StoredMessage]:
 def test_the_window_at_the_budget_edge_matches_the_general_trim(over, sent):
     messages = turns(2)  # 500 tokens; system 100; budget 0.5 * 1200 = 600
     ctx = context(messages, context_window=1200, system_tokens=100 + over,
-                  config=SummarizingWindowConfig(maxConversationRatio=0.5))
+                  config=spec_config(maxConversationRatio=0.5))
     assert seqs(assert_same_window(ctx)) == sent
 
 
@@ -149,7 +159,7 @@ def test_a_calibrated_budget_edge_matches_the_general_trim(calibration):
     for delta in range(-3, 4):
         ctx = context(messages, context_window=round(limit) + delta, system_tokens=20,
                       calibration=calibration,
-                      config=SummarizingWindowConfig(maxConversationRatio=1.0))
+                      config=spec_config(maxConversationRatio=1.0))
         assert_same_window(ctx)
 
 
@@ -165,7 +175,7 @@ def test_a_negative_size_takes_the_general_trim_even_when_the_total_fits():
     # budget while the newest two messages alone (200) do not
     messages = history(user("q", tokens=-100), assistant("a", tokens=100), user("now", tokens=100))
     ctx = context(messages, context_window=150,
-                  config=SummarizingWindowConfig(maxConversationRatio=1.0, maxMessageRatio=1.0))
+                  config=spec_config(maxConversationRatio=1.0, maxMessageRatio=1.0))
     assert seqs(assert_same_window(ctx)) == [3]
 
 
@@ -184,7 +194,7 @@ def test_a_tool_unit_across_the_trim_point_goes_whole_or_not_at_all(budget):
         user("now", tokens=40),
     )
     ctx = context(messages, context_window=budget,
-                  config=SummarizingWindowConfig(maxConversationRatio=1.0, maxMessageRatio=1.0))
+                  config=spec_config(maxConversationRatio=1.0, maxMessageRatio=1.0))
     sent = seqs(assert_same_window(ctx))
     for unit in ([2, 3, 4], [7, 8]):
         assert set(unit) <= set(sent) or not set(unit) & set(sent)
@@ -197,7 +207,7 @@ def test_summaries_in_either_placement_match_the_general_path(placement, window_
     record = SummaryRecord(kind="summary", text="The user\u200b asked for\tq1 and q2.\n",
                            from_seq=1, to_seq=4, id=3)
     ctx = context(messages, summaries=[record], context_window=window_size,
-                  config=SummarizingWindowConfig(summaryPlacement=placement))
+                  config=spec_config(summaryPlacement=placement))
     window = assert_same_window(ctx)
     assert window.summaries == [record]
     assert seqs(window)[0] > 4
@@ -216,7 +226,7 @@ def test_compression_under_pressure_then_trimming_matches_the_general_path():
     for window_size, stubbed, trimmed in ((3000, True, True), (5000, True, False),
                                           (8000, False, False)):
         ctx = context(messages, context_window=window_size,
-                      config=SummarizingWindowConfig(minToolResultCompressTokens=100,
+                      config=spec_config(minToolResultCompressTokens=100,
                                                      maxMessageRatio=1.0))
         window = assert_same_window(ctx)
         assert (bool(window.new_stubs), window.trimmed > 0) == (stubbed, trimmed)
@@ -286,7 +296,7 @@ def test_select_matches_the_general_path_on_random_sessions_near_the_budget(
     if 0 < summarized <= turn:
         records = [SummaryRecord(kind="summary", text="earlier", from_seq=1,
                                  to_seq=messages[summarized - 1].seq)]
-    cfg = SummarizingWindowConfig(
+    cfg = spec_config(
         maxConversationRatio=budget, compressWhenWindowAboveRatio=pressure,
         minToolResultCompressTokens=100, summaryPlacement=placement,
     )
@@ -345,7 +355,7 @@ def test_an_extended_window_is_the_window_select_chooses(
     for index in stubbed:
         if index < len(messages) and messages[index].role == "tool":
             messages[index].compressed_content = f"stub {index}"
-    cfg = SummarizingWindowConfig(
+    cfg = spec_config(
         maxConversationRatio=budget, compressWhenWindowAboveRatio=pressure,
         compressToolResults=compress, minToolResultCompressTokens=100,
     )
@@ -391,7 +401,7 @@ def _grown(case: str) -> tuple[WindowContext, WindowContext, Window]:
         older += [user(f"q{n}", tokens=10), assistant(None, tool_calls=[f"c{n}"], tokens=10),
                   tool(f"c{n}", tokens=10), assistant(f"a{n}", tokens=10)]
     messages = history(*older, user("q5", tokens=40))
-    cfg = SummarizingWindowConfig(minToolResultCompressTokens=100,
+    cfg = spec_config(minToolResultCompressTokens=100,
                                   compressWhenWindowAboveRatio=0.5 if case == "pressure" else 0.9)
     fields: dict[str, Any] = {"context_window": 3000, "system_tokens": 50}
     previous = context(messages, cfg, **fields)
@@ -449,7 +459,7 @@ def test_a_window_kept_whole_by_the_general_trim_is_not_extended():
     """A window that kept everything without fitting the shortcut's terms (a negative size:
     the trim walks the units, where a partial tail may exceed the budget) is not
     extendable: the next turn's trim can cut what the previous one kept."""
-    cfg = SummarizingWindowConfig(maxMessageRatio=1.0, compressToolResults=False)
+    cfg = spec_config(maxMessageRatio=1.0, compressToolResults=False)
     messages = history(user("q1", tokens=-500), assistant("a1", tokens=400), user("q2", tokens=40))
     previous = context(messages, cfg, context_window=600)
     chosen = STRATEGY.select(previous)

@@ -3,7 +3,17 @@
 from __future__ import annotations
 
 import pytest
-from helpers import assistant, context, history, render, seqs, tool, turn_start, user
+from helpers import (
+    assistant,
+    context,
+    history,
+    render,
+    seqs,
+    spec_config,
+    tool,
+    turn_start,
+    user,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_validity import histories
@@ -20,7 +30,9 @@ STRATEGY = SummarizingWindowStrategy()
 
 
 def config(**fields) -> SummarizingWindowConfig:
-    return SummarizingWindowConfig(**fields)
+    """The spec's per-request policy unless ``stablePrefix`` is given (the stable-prefix
+    tests below)."""
+    return spec_config(**fields)
 
 
 def summary(from_seq: int, to_seq: int, text: str = "earlier work", id: int = 1):
@@ -472,12 +484,15 @@ def test_compact_with_nothing_to_do_is_a_noop_with_a_message():
     pressure=st.sampled_from([0.1, 0.5, 0.9]),
     summarized=st.integers(0, 6),
     placement=st.sampled_from(["SYSTEM_PROMPT", "USER_MESSAGE"]),
+    stable=st.booleans(),
 )
 def test_every_window_is_valid_within_budget_and_compresses_only_by_the_rules(
-    messages, context_window, calibration, budget, pressure, summarized, placement
+    messages, context_window, calibration, budget, pressure, summarized, placement, stable
 ):
+    # under either policy: the spec's refit, or the stable prefix (stablePrefix)
     cfg = config(maxConversationRatio=budget, compressWhenWindowAboveRatio=pressure,
-                 minToolResultCompressTokens=100, summaryPlacement=placement)
+                 minToolResultCompressTokens=100, summaryPlacement=placement,
+                 stablePrefix=stable)
     turn = turn_start(messages)
     records = [summary(1, messages[summarized - 1].seq)] if 0 < summarized <= turn else []
     ctx = context(messages, cfg, context_window=context_window, system_tokens=50,
