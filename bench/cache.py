@@ -39,7 +39,7 @@ import orjson
 
 from proxy.cache_hints import anthropic_breakpoints
 from proxy.fake_upstream import FakeUpstream, Reply
-from strategies.summary_prompt import SUMMARY_SYSTEM_PROMPT
+from strategies.summary_prompt import SUMMARY_INSTRUCTION_LEAD, SUMMARY_SYSTEM_PROMPT
 from strategies.tokens import count_message, count_text
 
 MODEL = "gpt-4o-mini"
@@ -190,8 +190,11 @@ def agent_reply(turns: list[ScriptTurn]) -> Callable[[dict[str, Any]], Reply]:
 
 
 def is_summarizer(body: dict[str, Any]) -> bool:
-    return any(SUMMARY_SYSTEM_PROMPT[:40] in str(m.get("content"))
-               for m in (body.get("messages") or [])[:1])
+    """A summarizer call: the classic one (its own system prompt) or one on the session's
+    prefix (the summary instruction last)."""
+    messages = body.get("messages") or [{}]
+    return (SUMMARY_SYSTEM_PROMPT[:40] in str(messages[0].get("content"))
+            or str(messages[-1].get("content")).startswith(SUMMARY_INSTRUCTION_LEAD))
 
 
 # ---- scoring ----
@@ -398,7 +401,8 @@ async def drive(client: httpx.AsyncClient, services: Any, fake: FakeUpstream,
     return bodies
 
 
-async def measure(turns: int) -> dict[str, Any]:
+async def measure(turns: int, clients: tuple[bool, ...] = (False, True),
+                  no_memory: bool = True) -> dict[str, Any]:
     from proxy.app import create_app
     from proxy.settings import Settings
 
@@ -419,8 +423,9 @@ async def measure(turns: int) -> dict[str, Any]:
             headers={"Authorization": f"Bearer {API_KEY}"},
         ) as client:
             plan = [(i, name, config, header, full) for i, (name, config, header)
-                    in enumerate(ROWS) for full in (False, True)]
-            plan.append((0, NO_MEMORY, None, "off", True))
+                    in enumerate(ROWS) for full in clients]
+            if no_memory:
+                plan.append((0, NO_MEMORY, None, "off", True))
             for index, name, config, header, full in plan:
                 session = f"{'full' if full else 'delta'}-{index}-{header or 'on'}"
                 bodies = await drive(client, services, fake, session_script, agent_name(index),

@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import logging
 
+from proxy import summary_prefix
 from proxy.services import Services
 from proxy.summarizer import SummarizerBusy, SummarizerError, run_plan
 from proxy.turns import Turn, current_turn_start
@@ -89,6 +90,9 @@ async def _summarize(
             headers=headers,
             context_window=turn.context_window,
             expect_boundary=boundary if plan.kind == "compaction" else None,
+            prefix=summary_prefix.from_turn(turn, turn.context.calibration)
+            if services.settings.summarizer_cached_prefix
+            else None,
         )
     except SummarizerBusy:
         logger.info("%s: compaction already running elsewhere", turn.key.session)

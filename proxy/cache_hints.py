@@ -111,3 +111,18 @@ def prompt_cache_key(namespace: str, agent: str, session: str) -> str:
     nothing of the namespace (a hash of the client's key) or the ids."""
     raw = "\x1f".join((namespace, agent, session)).encode()
     return "mp-" + hashlib.sha256(raw).hexdigest()[:32]
+
+
+def for_session(
+    body: dict[str, Any], key: Any, settings: Any, changed_at: int | None = None
+) -> None:
+    """Both hints on a request of session ``key`` (a ``SessionKey``) under ``settings``:
+    the session's ``prompt_cache_key`` for an OpenAI model, breakpoints for Anthropic's
+    (``changed_at``: see ``anthropic_breakpoints``)."""
+    if (
+        settings.prompt_cache_key
+        and "prompt_cache_key" not in body
+        and is_openai_model(str(body.get("model") or ""))
+    ):
+        body["prompt_cache_key"] = prompt_cache_key(key.namespace, key.agent, key.session)
+    apply(body, settings.cache_breakpoints, changed_at)

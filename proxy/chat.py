@@ -7,7 +7,7 @@ import logging
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from proxy import builtin_tools, history_sync, limits, metrics, sync_plan
+from proxy import builtin_tools, cache_hints, history_sync, limits, metrics, prompt_cache, sync_plan
 from proxy.after_turn import schedule_after_turn
 from proxy.asgi import (
     BodyReply,
@@ -154,7 +154,15 @@ async def chat_completions(services: Services, call: ChatCall) -> BodyReply | St
         retry=sync_plan.RetryHint.from_headers(request_headers),
     )
     out = upstream_body(body, turn.messages)
+    changes = turn.window_meta.get("changes", ())
+    cache_hints.for_session(
+        out,
+        turn.key,
+        services.settings,
+        prompt_cache.changed_index(turn.window, turn.messages, changes),
+    )
     offered = builtin_tools.offer(out, turn.agent, turn.key, turn.window)
+    turn.tools = out.get("tools")
     client_wants_usage = False
     if streaming:
         options = out.get("stream_options")
@@ -194,7 +202,13 @@ async def forward(
         # a 200 that is not a completion is the upstream's error, and nothing is stored
         accumulator.add_response(completion_of(response.body))
         await finish_turn(services, turn, accumulator, upstream_request.headers, usage=usage)
-        return BodyReply(response.status_code, response.body, turn.headers)
+        headers = turn.headers
+        cache = prompt_cache.cache_usage(usage or accumulator.usage)
+        if cache is not None:
+            # a complete reply's usage is known before its headers go out (a stream's
+            # arrives last: its turn's numbers are in /memory)
+            headers["x-memory-cached-tokens"] = str(cache["cached"])
+        return BodyReply(response.status_code, response.body, headers)
 
     stream = await unless_disconnected(receive, services.upstream.chat_stream(upstream_request))
     if offered is not None and turn is not None:
@@ -283,6 +297,11 @@ async def finish_turn(
     usage: dict[str, Any] | None = None,
 ) -> None:
     reply = accumulator.message()
-    result = await persist_turn(services, turn, reply, usage=usage or accumulator.usage)
-    metrics.count_turn(turn.agent.config.kind, turn.window.tokens, turn.modified)
+    usage = usage or accumulator.usage
+    result = await persist_turn(services, turn, reply, usage=usage)
+    kind = turn.agent.config.kind
+    metrics.count_turn(kind, turn.window.tokens, turn.modified)
+    metrics.count_cache(
+        kind, prompt_cache.cache_usage(usage), turn.window_meta.get("changes", ())
+    )
     schedule_after_turn(services, turn, result, headers)

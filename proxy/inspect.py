@@ -6,7 +6,7 @@ from typing import Any
 
 from starlette.requests import HTTPConnection
 
-from proxy import parts
+from proxy import parts, prompt_cache
 from proxy.agents import ResolvedAgent
 from proxy.errors import NotFound, StoreUnavailableError
 from proxy.services import Services
@@ -167,5 +167,5 @@ async def inspect_session(services: Services, key: SessionKey) -> dict[str, Any]
     rendered = services.mapper.map(window, meta.system_prompt, mapping)
     view = window_view(agent, snapshot, context, window, rendered, model, mapping)
     view.update(namespace=key.namespace, session=key.session, head_seq=meta.head_seq,
-                updated_at=meta.updated_at)
+                updated_at=meta.updated_at, cache=prompt_cache.session_view(messages))
     return view

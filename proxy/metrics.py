@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse
@@ -19,6 +21,17 @@ HELP = {
     ),
     "memory_proxy_summaries_total": "Summaries and compactions written, by kind.",
     "memory_proxy_errors_total": "Errors answered, by type.",
+    "memory_proxy_prompt_tokens_total": "Prompt tokens the upstream reported, by strategy.",
+    "memory_proxy_cached_tokens_total": (
+        "Prompt tokens the upstream served from its prompt cache, by strategy."
+    ),
+    "memory_proxy_cache_write_tokens_total": (
+        "Prompt tokens the upstream wrote to its prompt cache (Anthropic), by strategy."
+    ),
+    "memory_proxy_prefix_changes_total": (
+        "Requests whose prefix the proxy changed against the one before, by strategy and "
+        "reason (client, summary, trim, compression, eviction)."
+    ),
 }
 
 
@@ -43,6 +56,18 @@ def count_turn(strategy: str, window_tokens: int, modified: bool) -> None:
     COUNTERS[keys[1]] += window_tokens
     if modified:
         COUNTERS[keys[2]] += 1
+
+
+def count_cache(
+    strategy: str, cache: Mapping[str, int] | None, changes: Iterable[Mapping[str, Any]]
+) -> None:
+    """A turn's prompt-cache counters: the upstream's usage and the prefix changes."""
+    if cache is not None:
+        inc("memory_proxy_prompt_tokens_total", cache["prompt"], strategy=strategy)
+        inc("memory_proxy_cached_tokens_total", cache["cached"], strategy=strategy)
+        inc("memory_proxy_cache_write_tokens_total", cache["written"], strategy=strategy)
+    for reason in {str(c["reason"]) for c in changes}:
+        inc("memory_proxy_prefix_changes_total", strategy=strategy, reason=reason)
 
 
 def render() -> str:

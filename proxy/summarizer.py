@@ -17,10 +17,11 @@ from typing import Any
 
 import orjson
 
-from proxy import metrics
+from proxy import cache_hints, metrics
 from proxy.agents import ResolvedAgent
 from proxy.errors import ProxyError
 from proxy.services import Services
+from proxy.summary_prefix import CachedPrefix, prefix_body
 from proxy.upstream.base import UpstreamRequest
 from storage.base import Store, StoreUnavailable
 from strategies.base import SummarizePlan
@@ -148,6 +149,36 @@ async def current_plan(
     return dataclasses.replace(plan, messages=messages)
 
 
+async def summarize_on_prefix(
+    services: Services,
+    key: SessionKey,
+    agent: ResolvedAgent,
+    plan: SummarizePlan,
+    summarizer_model: str,
+    prefix: CachedPrefix,
+    *,
+    headers: dict[str, str],
+    context_window: int,
+) -> str | None:
+    """The summary of ``plan`` from one call on the session's cached prefix
+    (proxy/summary_prefix.py); None when the plan does not line up with it."""
+    body = prefix_body(
+        prefix, plan, model=summarizer_model,
+        placement_hint=getattr(agent.config, "summaryPlacement", None),
+        max_tokens=summary_max_tokens(context_window), context_window=context_window,
+    )
+    if body is None:
+        return None
+    if not services.summarizer_budget.take(key):
+        raise SummarizerError("summarizer call budget for this session is spent for now")
+    cache_hints.for_session(body, key, services.settings)
+    try:
+        response = await services.upstream.chat(UpstreamRequest(body, headers))
+    except ProxyError as exc:
+        raise SummarizerError(f"summarizer call failed: {exc.message}") from exc
+    return summary_text(response.body)
+
+
 async def summarize_chunks(
     services: Services,
     key: SessionKey,
@@ -194,6 +225,7 @@ async def summarize_chunks(
             "temperature": 0,
             "max_tokens": summary_max_tokens(context_window),
         }
+        cache_hints.for_session(body, key, services.settings)
         try:
             try:
                 response = await services.upstream.chat(UpstreamRequest(body, headers))
@@ -227,9 +259,12 @@ async def run_plan(
     headers: dict[str, str],
     context_window: int,
     expect_boundary: int | None,
+    prefix: CachedPrefix | None = None,
 ) -> SummaryRecord | None:
     """Summarize ``plan`` and store the record. Returns None when another replica got
-    there first (boundary moved, or a newer summary already covers the plan)."""
+    there first (boundary moved, or a newer summary already covers the plan). With
+    ``prefix`` (the turn's request) the call reuses the session's cached prefix when the
+    plan lines up with it (proxy/summary_prefix.py)."""
     store = services.store
     token = await store.acquire_lock(key, LOCK_NAME, LOCK_TTL)
     if token is None:
@@ -249,10 +284,15 @@ async def run_plan(
             return None
         plan = current
         summarizer_model = agent.summarizer_model(model)
-        text, plan = await summarize_chunks(
-            services, key, agent, plan, summarizer_model,
+        text = await summarize_on_prefix(
+            services, key, agent, plan, summarizer_model, prefix,
             headers=headers, context_window=context_window,
-        )
+        ) if prefix is not None else None
+        if text is None:
+            text, plan = await summarize_chunks(
+                services, key, agent, plan, summarizer_model,
+                headers=headers, context_window=context_window,
+            )
         record = SummaryRecord(
             kind=plan.kind,
             text=text,

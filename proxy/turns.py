@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from proxy import history_sync, limits, paging, parts, requests, sync_plan, tool_caps
+from proxy import history_sync, limits, paging, parts, prompt_cache, requests, sync_plan, tool_caps
 from proxy.agents import ResolvedAgent
 from proxy.errors import StoreUnavailableError
 from proxy.identity import Identity
@@ -77,6 +77,11 @@ class Turn:
     appended: list[StoredMessage] = field(default_factory=list)
     # the bytes of the new records' media parts, stored with the turn
     blobs: dict[str, parts.PartBlob] = field(default_factory=dict)
+    # the window as stored on the reply's record (proxy/prompt_cache.py), with where and
+    # why its prefix differs from the previous request's
+    window_meta: dict[str, Any] = field(default_factory=dict)
+    # the tool definitions as sent upstream (the summarizer may send them again)
+    tools: Any = None
     started: float = field(default_factory=time.monotonic)
 
     @property
@@ -87,6 +92,9 @@ class Turn:
             "x-memory-strategy": self.agent.config.kind,
             "x-memory-window-tokens": str(self.window.tokens),
             "x-memory-context-modified": "true" if self.modified else "false",
+            "x-memory-prefix-change": prompt_cache.change_header(
+                self.window_meta.get("changes", ())
+            ),
         }
 
 
@@ -334,6 +342,15 @@ async def prepare_turn(
     # stored messages the page did not load are left out too (fallen off, compacted)
     window.trimmed += max(0, meta.active_count - len(snapshot.messages))
     rendered = services.mapper.map(window, system_prompt, mapping)
+    window_meta = prompt_cache.window_meta(
+        window, prompt_cache.system_hash(system_prompt, body.get("tools"))
+    )
+    window_meta["changes"] = prompt_cache.prefix_changes(
+        prompt_cache.previous_window(messages),
+        window_meta,
+        window,
+        rewound_after=sync.keep_through if sync.rewind else None,
+    )
     return Turn(
         identity=identity,
         key=key,
@@ -355,6 +372,7 @@ async def prepare_turn(
         modified=window.modified,
         settled=bool(media_tokens),
         blobs=blobs,
+        window_meta=window_meta,
     )
 
 
@@ -442,10 +460,15 @@ def calibrated(previous: float, estimate: int, reported: int | None) -> float | 
     return round((1 - CALIBRATION_WEIGHT) * previous + CALIBRATION_WEIGHT * ratio, 4)
 
 
-def reply_meta(turn: Turn) -> dict[str, Any]:
+def reply_meta(turn: Turn, usage: dict[str, Any] | None = None) -> dict[str, Any]:
     meta: dict[str, Any] = {"model": turn.model} if turn.model else {}
     if turn.sync.idempotency_key:
         meta["idempotency_key"] = turn.sync.idempotency_key
+    if turn.window_meta:
+        meta[prompt_cache.WINDOW_META] = turn.window_meta
+    cache = prompt_cache.cache_usage(usage)
+    if cache is not None:
+        meta[prompt_cache.CACHE_META] = cache
     return meta
 
 
@@ -478,7 +501,7 @@ async def persist_turn(
                 fingerprint=history_sync.fingerprint(reply),
                 tool_calls=reply.get("tool_calls") or None,
                 created_at=time.time(),
-                meta=reply_meta(turn),
+                meta=reply_meta(turn, usage),
             )
         )
     prompt_tokens = (usage or {}).get("prompt_tokens")

@@ -37,7 +37,7 @@ class SummarizingWindowConfig(_Config):
     # trimmed in one step to trimTargetShare of the budget and compression stubs are
     # applied then, in one batch. stablePrefix false: the spec's refit at every request.
     stablePrefix: bool = True
-    trimTargetShare: Ratio = 0.55
+    trimTargetShare: Ratio = 0.3
 
 
 class ToolResultEviction(_Config):

@@ -170,6 +170,40 @@ def _default_count(text: str) -> int:
     return max(1, len(text) // 4) if text else 0
 
 
+SUMMARY_INSTRUCTION_LEAD = "[memory-proxy] Pause the task."
+
+
+def is_summarizer_request(body: Any) -> bool:
+    """Whether a chat request body is a summarizer call: the classic one (its own system
+    prompt) or one on the session's cached prefix (the summary instruction last)."""
+    messages = body.get("messages") if isinstance(body, dict) else None
+    if not isinstance(messages, list) or not messages:
+        return False
+    first, last = messages[0], messages[-1]
+    return (isinstance(first, dict) and str(first.get("content", "")).startswith(
+        SUMMARY_SYSTEM_PROMPT[:80]
+    )) or (isinstance(last, dict) and str(last.get("content", "")).startswith(
+        SUMMARY_INSTRUCTION_LEAD
+    ))
+
+
+def summary_instruction(plan: SummarizePlan, placement_hint: Placement | None = None) -> str:
+    """The summarizer's instruction as the last message of the conversation itself (the
+    session's own request, whose prefix the provider has cached): the same rules as
+    ``SUMMARY_SYSTEM_PROMPT``, about the conversation above instead of a transcript."""
+    rules = SUMMARY_SYSTEM_PROMPT[SUMMARY_SYSTEM_PROMPT.index("Write a self-contained") :]
+    text = (
+        f"{SUMMARY_INSTRUCTION_LEAD} This conversation no longer fits the context "
+        f"window: write the working memory of the conversation above (messages "
+        f"{plan.from_seq}-{plan.to_seq}). Your summary replaces it: the agent will continue "
+        "the work from your summary alone, so anything you leave out is lost to it. Do not "
+        "call any tool.\n\n" + rules
+    )
+    if placement_hint in _PLACEMENT_HINTS:
+        text += "\n\n" + _PLACEMENT_HINTS[placement_hint]
+    return text
+
+
 def _prompt_parts(
     plan: SummarizePlan, placement_hint: Placement | None
 ) -> tuple[str, list[str], str]:

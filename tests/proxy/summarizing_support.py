@@ -15,7 +15,7 @@ import openai
 from e2e import ADMIN_TOKEN
 
 from proxy.fake_upstream import FakeUpstream, RecordedRequest, Reply
-from strategies.summary_prompt import SUMMARY_SYSTEM_PROMPT
+from strategies.summary_prompt import is_summarizer_request
 from strategies.tokens import count_message, count_text
 
 MODEL = "gpt-4o"
@@ -32,10 +32,7 @@ def sized(tag: str, tokens: int) -> str:
 
 
 def is_summarizer_call(body: dict[str, Any]) -> bool:
-    messages = body.get("messages") or []
-    return bool(messages) and str(messages[0].get("content", "")).startswith(
-        SUMMARY_SYSTEM_PROMPT
-    )
+    return is_summarizer_request(body)
 
 
 def prompt_tokens(messages: list[dict[str, Any]]) -> int:

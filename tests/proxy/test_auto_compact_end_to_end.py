@@ -3,6 +3,7 @@ window, placement, the safety trim, eviction on the wire and the Compact button.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 from e2e import ADMIN_TOKEN, write_agent
 
 from proxy.fake_upstream import FakeUpstream, Reply
-from strategies.summary_prompt import SUMMARY_SYSTEM_PROMPT
+from strategies.summary_prompt import is_summarizer_request
 from strategies.tokens import count_message
 from strategies.validity import check_openai_messages
 
@@ -21,9 +22,15 @@ SYSTEM = {"role": "system", "content": "You are a patient assistant."}
 BUNDLED = Path(__file__).resolve().parents[2] / "agent-definitions"
 
 
+@pytest.fixture
+def make_proxy(make_proxy):
+    """The summarizer's transcript call, whose input these tests read (the call on the
+    session's cached prefix: tests/proxy/test_prompt_cache_end_to_end.py)."""
+    return functools.partial(make_proxy, summarizer_cached_prefix=False)
+
+
 def is_summarizer(body: dict) -> bool:
-    first = (body.get("messages") or [{}])[0]
-    return str(first.get("content", "")).startswith(SUMMARY_SYSTEM_PROMPT)
+    return is_summarizer_request(body)
 
 
 def prompt_tokens(body: dict) -> int:

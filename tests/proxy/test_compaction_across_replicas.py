@@ -24,7 +24,7 @@ from proxy.fake_upstream import FakeUpstream, Reply
 from proxy.identity import namespace_for
 from storage.redis import RedisStore
 from strategies.records import LoadSpec, SessionKey, SessionSnapshot
-from strategies.summary_prompt import SUMMARY_SYSTEM_PROMPT
+from strategies.summary_prompt import is_summarizer_request
 from strategies.tokens import count_message
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,7 +32,7 @@ AGENT = "shared"
 
 
 def is_summarizer(body: dict) -> bool:
-    return str(body["messages"][0].get("content", "")).startswith(SUMMARY_SYSTEM_PROMPT)
+    return is_summarizer_request(body)
 
 
 def prompt_tokens(body: dict) -> int:
@@ -63,7 +63,9 @@ class Replica:
     def __init__(self, store_url: str, upstream_url: str, agents_dir: Path, log: Path) -> None:
         self.port = free_port()
         self.log = log.open("wb")
-        env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+        # the summarizer's transcript call: the tests read what each call was shown
+        env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+               "MEMORY_PROXY_SUMMARIZER_CACHED_PREFIX": "false"}
         self.process = subprocess.Popen(
             [sys.executable, "-m", "proxy.cli", "serve", "--store-url", store_url,
              "--upstream-url", upstream_url, "--agents-dir", str(agents_dir),

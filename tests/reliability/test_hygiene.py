@@ -22,14 +22,14 @@ from media_samples import data_url, png
 from redis.asyncio import Redis
 
 from proxy.fake_upstream import FakeUpstream, Reply, echo_reply
-from strategies.summary_prompt import SUMMARY_SYSTEM_PROMPT
+from strategies.summary_prompt import is_summarizer_request
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 INVISIBLE = "\u202e\u200b\u2066\x1b\x07\U000e0041\ufeff"
 
 
 def is_summarizer_call(body: dict[str, Any]) -> bool:
-    return str(body["messages"][0].get("content", "")).startswith(SUMMARY_SYSTEM_PROMPT[:80])
+    return is_summarizer_request(body)
 
 
 class Summaries:

@@ -23,7 +23,7 @@ from e2e import ADMIN_TOKEN, RunningProxy, write_agent
 from redis.asyncio import Redis
 
 from proxy.fake_upstream import FakeUpstream, Reply, echo_reply
-from strategies.summary_prompt import SUMMARY_SYSTEM_PROMPT
+from strategies.summary_prompt import is_summarizer_request
 
 CANARY = f"sk-CANARY-{uuid.uuid4().hex}"
 LOGGERS = ["", "memory_proxy", "uvicorn", "uvicorn.error", "aiohttp", "httpx", "LiteLLM"]
@@ -43,7 +43,7 @@ ECHOED = {"error": {"message": f"Incorrect API key provided: {CANARY}",
 
 
 def is_summarizer_call(body: dict[str, Any]) -> bool:
-    return str(body["messages"][0].get("content", "")).startswith(SUMMARY_SYSTEM_PROMPT[:80])
+    return is_summarizer_request(body)
 
 
 def upstream(body: dict[str, Any]) -> Reply:

@@ -143,6 +143,24 @@ async def test_messages_round_trip_every_field_and_keep_their_token_counts(store
     assert loaded[0].created_at > 0
 
 
+async def test_a_replys_window_and_cache_meta_round_trip_in_the_turns_append(
+    store: Store,
+) -> None:
+    # what proxy/prompt_cache.py writes on a reply's record, in the same append as the turn
+    meta = {
+        "model": "gpt-4o",
+        "window": {"start": 1, "end": 1, "tokens": 812, "summary": 0, "marked": 0,
+                   "system": "9f2c", "changes": [{"reason": "trim", "seq": 1}]},
+        "cache": {"prompt": 830, "cached": 768, "written": 0},
+    }
+    await append(store, StoredMessage(role="user", content="q", tokens=1, fingerprint="u"),
+                 StoredMessage(role="assistant", content="a", tokens=1, fingerprint="a",
+                               meta=meta))
+    loaded = (await store.load(KEY, LoadSpec())).messages
+    assert loaded[1].meta == meta
+    assert (await store.get_range(KEY, 2, 2))[0].meta == meta
+
+
 async def test_meta_tracks_the_head_and_the_latest_user_message(store: Store) -> None:
     await append(store, user("q1"), assistant("a1", ["c1"]), tool("c1", "r1"))
     result = await store.append_turn(KEY, TurnWrite([assistant("a2"), user("q2")]))

@@ -38,7 +38,7 @@ SPEC_FULL = {"kind": "full", "maxHistoryFetch": 500}
 SPEC_NONE = {"kind": "none"}
 
 # knobs beyond the spec (docs/MEMORY.md, "Keeping the prompt cache warm")
-SUMMARIZING_WINDOW_EXTENSIONS = {"stablePrefix": True, "trimTargetShare": 0.55}
+SUMMARIZING_WINDOW_EXTENSIONS = {"stablePrefix": True, "trimTargetShare": 0.3}
 
 # the defaults tables: toolResultEviction is null (off) unless given
 SPEC_DEFAULTS = {
