@@ -55,6 +55,11 @@ class AutoCompactConfig(_Config):
 class WindowedConfig(_Config):
     kind: Literal["windowed"] = "windowed"
     windowSize: Annotated[int, Field(ge=1)] = 20
+    # extension (docs/MEMORY.md): the window starts on a seq that is a multiple of
+    # windowStep (plus one), so its start moves once every windowStep messages instead of at
+    # every message; it then holds windowSize - windowStep + 1 to windowSize messages. 1: the
+    # spec's last windowSize messages exactly
+    windowStep: Annotated[int, Field(ge=1)] = 1
 
 
 class FullConfig(_Config):

@@ -1,5 +1,8 @@
 """windowed: the last ``windowSize`` stored messages; older ones simply fall off.
 
+With ``windowStep`` above 1 (an extension) the window starts on a step boundary of the
+seqs, so its start, and the provider's cached prefix, hold for ``windowStep`` messages.
+
 No summaries, no compression. The cut moves forward to a tool-unit boundary, so the window
 never starts with a tool result or splits a call from its results, and the current turn is
 always sent whole, even when it alone is longer than ``windowSize``.
@@ -34,9 +37,17 @@ class WindowedStrategy:
         messages = ctx.messages
         if not isinstance(ctx.config, WindowedConfig):
             raise TypeError(f"windowed needs a WindowedConfig, got {type(ctx.config).__name__}")
-        size = ctx.config.windowSize
+        size, step = ctx.config.windowSize, ctx.config.windowStep
         turn_start = min(max(ctx.current_turn_start, 0), len(messages))
-        start = min(max(len(messages) - size, 0), turn_start)
+        start = max(len(messages) - size, 0)
+        if step > 1:
+            # the first of the last windowSize messages on a step boundary: the start is
+            # the same from one request to the next until the window is full again
+            start = next(
+                (i for i in range(start, len(messages)) if (messages[i].seq - 1) % step == 0),
+                len(messages),
+            )
+        start = min(start, turn_start)
         start = trim_to_units(messages, start)
         items, _ = make_valid(as_items(messages[start:]))
         trimmed = len(messages) - len(items)

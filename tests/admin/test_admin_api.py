@@ -99,7 +99,7 @@ async def test_a_saved_config_is_stored_as_the_full_definition_and_wins_over_the
     assert response.status_code == 200, response.text
     detail = response.json()
     assert (detail["kind"], detail["source"], detail["configured"]) == ("windowed", "store", True)
-    assert detail["config"] == {"kind": "windowed", "windowSize": 7}
+    assert detail["config"] == {"kind": "windowed", "windowSize": 7, "windowStep": 1}
     assert detail["context_window"] == 9000
     assert await proxy.services.store.get_agent_config("research") == {
         "name": "research", "description": "digs",

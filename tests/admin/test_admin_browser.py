@@ -143,7 +143,8 @@ def test_an_admin_signs_in_and_edits_an_agent_in_the_browser(page, deployment, c
     page.wait_for_url("**/admin/agents/planner?saved=1")
     assert page.locator("#active-kind").inner_text() == "windowed"
     assert json.loads(page.inner_text("#effective-config")) == {"kind": "windowed",
-                                                                 "windowSize": 8}
+                                                                 "windowSize": 8,
+                                                                 "windowStep": 1}
     assert csp_violations == []
 
 

@@ -385,3 +385,21 @@ async def test_a_proxy_bound_elsewhere_refuses_admin_until_a_token_is_set(make_p
     response = await proxy.client.get("/admin/")
     assert response.status_code == 403
     assert "MEMORY_PROXY_ADMIN_TOKEN" in response.text
+
+
+async def test_the_session_page_charts_window_tokens_and_cached_share_per_request(
+    proxy, fake
+):
+    usage = {"prompt_tokens": 400, "completion_tokens": 2, "total_tokens": 402,
+             "prompt_tokens_details": {"cached_tokens": 300}}
+    fake.queue(Reply.text("one", usage={**usage, "prompt_tokens_details": {}}),
+               Reply.text("two", usage=usage))
+    await proxy.chat("helper", "warm", "first")
+    await proxy.chat("helper", "warm", "second")
+    view = (await proxy.api("GET", "/agents/helper/sessions/warm")).json()
+    page = (await proxy.client.get("/admin/agents/helper/sessions/warm", headers=BEARER)).text
+    assert view["cache"]["totals"]["cached_tokens"] == 300
+    assert 'id="cached-tokens">300<' in page and 'id="cached-share">37.5%<' in page
+    chart = page[page.index('<svg id="cache-chart"'):page.index("</svg>")]
+    assert chart.count('class="cache-bar"') == 2
+    assert "300 of 400 cached" in chart

@@ -60,9 +60,11 @@ def test_the_tokenizer_matches_the_model_family(model, encoding):
 
 def dense_session(make_proxy, fake, agents_dir, factor: float):
     """A proxy whose upstream counts ``factor`` times what tiktoken counts; no single
-    message cap, so a long message reaches the upstream whole."""
+    message cap, so a long message reaches the upstream whole; the window refitted at
+    every request (the spec's policy), so each request shows the budget it was fitted to."""
     write_agent(agents_dir, "dense", llm={"model": MODEL, "contextWindow": WINDOW},
-                memoryConfig={"kind": "summarizing_window", "maxMessageRatio": 1.0})
+                memoryConfig={"kind": "summarizing_window", "maxMessageRatio": 1.0,
+                              "stablePrefix": False})
     scripted(fake)
     fake.count_tokens = lambda body: round(factor * prompt_tokens(body["messages"]))
     proxy = make_proxy()

@@ -39,12 +39,15 @@ SPEC_NONE = {"kind": "none"}
 
 # knobs beyond the spec (docs/MEMORY.md, "Keeping the prompt cache warm")
 SUMMARIZING_WINDOW_EXTENSIONS = {"stablePrefix": True, "trimTargetShare": 0.3}
+WINDOWED_EXTENSIONS = {"windowStep": 1}
+EXTENSIONS = {"summarizing_window": SUMMARIZING_WINDOW_EXTENSIONS,
+              "windowed": WINDOWED_EXTENSIONS}
 
 # the defaults tables: toolResultEviction is null (off) unless given
 SPEC_DEFAULTS = {
     "summarizing_window": {**SPEC_SUMMARIZING_WINDOW, **SUMMARIZING_WINDOW_EXTENSIONS},
     "auto_compact": {**SPEC_AUTO_COMPACT, "toolResultEviction": None},
-    "windowed": SPEC_WINDOWED,
+    "windowed": {**SPEC_WINDOWED, **WINDOWED_EXTENSIONS},
     "full": SPEC_FULL,
     "none": SPEC_NONE,
 }
@@ -67,10 +70,7 @@ def test_each_kind_parses_with_the_spec_defaults(kind):
 )
 def test_the_spec_examples_parse_and_round_trip(example):
     parsed = parse_memory_config(example).to_dict()
-    if example["kind"] == "summarizing_window":
-        assert parsed == {**example, **SUMMARIZING_WINDOW_EXTENSIONS}
-    else:
-        assert parsed == example
+    assert parsed == {**example, **EXTENSIONS.get(example["kind"], {})}
 
 
 def test_no_config_means_summarizing_window_defaults():

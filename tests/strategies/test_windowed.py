@@ -105,3 +105,26 @@ def test_windowed_never_summarizes_or_compresses():
 def test_windowed_refuses_another_kinds_config():
     with pytest.raises(TypeError, match="WindowedConfig"):
         windowed.select(context(_history(), SummarizingWindowConfig()))
+
+
+def test_a_window_step_keeps_the_start_until_the_window_is_full_again():
+    strategy = WindowedStrategy()
+    config = WindowedConfig(windowSize=6, windowStep=4)
+    starts, sizes = [], []
+    messages: list = []
+    for n in range(1, 13):
+        messages = history(*messages, user(f"q{n}"))
+        window = strategy.select(context(messages, config))
+        starts.append(seqs(window)[0])
+        sizes.append(len(window.items))
+        assert seqs(window)[-1] == n and len(window.items) <= 6
+    # the start moves in steps of four (seqs 1, 5, 9), never at every message
+    assert starts == [1, 1, 1, 1, 1, 1, 5, 5, 5, 5, 9, 9]
+    assert min(sizes[6:]) == 3
+
+
+def test_a_window_step_of_one_is_the_last_window_size_messages():
+    strategy = WindowedStrategy()
+    messages = history(*[user(f"q{n}") for n in range(1, 11)])
+    window = strategy.select(context(messages, WindowedConfig(windowSize=4, windowStep=1)))
+    assert seqs(window) == [7, 8, 9, 10]
