@@ -201,6 +201,11 @@ def render(r: dict[str, Any]) -> str:
             "runs a proxy with the defaults.", ""]
 
     rows, unmet = targets(r)
+    if r.get("cache"):
+        for row in cache_targets(r["cache"]):
+            rows.append(row)
+            if row[2] == _verdict(False):
+                unmet.append(row[0])
     lines += ["## Targets", "", *_table(["target", "measured", "verdict"], rows)]
 
     lines += ["## Added latency at concurrency 1", "",
@@ -395,6 +400,8 @@ def render(r: dict[str, Any]) -> str:
 
     if "quality" in r:
         lines += quality.render(r["quality"])
+    if r.get("cache"):
+        lines += cache_section(r["cache"], with_targets=False)
 
     lines += ["## Profiles", ""]
     for k, entry in r["profiles"].items():
@@ -584,7 +591,7 @@ def cache_targets(cache: dict[str, Any]) -> list[list[Any]]:
     return out
 
 
-def cache_section(cache: dict[str, Any]) -> list[str]:
+def cache_section(cache: dict[str, Any], *, with_targets: bool = True) -> list[str]:
     """The prompt-cache phase: one row per strategy and client kind."""
     context = cache["context_window"]
     lines = ["## Prompt cache over a long agent session", "",
@@ -610,5 +617,25 @@ def cache_section(cache: dict[str, Any]) -> list[str]:
     lines += _table(["strategy", "client", "requests (summarizer)", "prefix broken",
                      "tokens sent", "OpenAI hit", "Anthropic hit", "cost OpenAI",
                      "cost Anthropic", "largest window", "over budget", "kept"], rows)
-    lines += _table(["target", "measured", "verdict"], cache_targets(cache))
+    if with_targets:
+        lines += _table(["target", "measured", "verdict"], cache_targets(cache))
     return lines
+
+
+CACHE_HEADING = "## Prompt cache over a long agent session"
+
+
+def with_cache_section(text: str, cache: dict[str, Any]) -> str:
+    """RESULTS.md ``text`` with its prompt-cache section (and those targets) replaced by
+    ``cache``'s, the rest of the run left as it was (``run.py --cache-only``)."""
+    lines = text.split("\n")
+    if CACHE_HEADING in lines:
+        start = lines.index(CACHE_HEADING)
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")),
+                   len(lines))
+        del lines[start:end]
+    at = lines.index("## Profiles") if "## Profiles" in lines else len(lines)
+    section = cache_section(cache, with_targets=True)
+    section[2] += f" (this section: `python bench/run.py --cache-only`, {cache['turns']} turns.)"
+    lines[at:at] = section
+    return "\n".join(lines)

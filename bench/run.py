@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import _paths  # noqa: F401  (the repository's packages)
+import cache as prompt_cache_bench
 import inprocess
 import load
 import phases
@@ -61,11 +62,13 @@ class Plan:
     ready_repeats: int
     workers_seconds: float  # each round of the workers phase
     throughput_rounds: int = 3  # each a cell of throughput_seconds per target and concurrency
+    cache_turns: int = 200  # the prompt-cache phase's session (bench/cache.py)
 
     @classmethod
     def make(cls, quick: bool) -> Plan:
         if quick:
-            return cls(True, 2, 1, 1, 40, 24, 2, 3, 600, 10000, 2, 1, 1, throughput_rounds=1)
+            return cls(True, 2, 1, 1, 40, 24, 2, 3, 600, 10000, 2, 1, 1, throughput_rounds=1,
+                       cache_turns=40)
         return cls(False, 5, 2, 2, 300, 150, 5, 8, 3000, 10000, 10, 3, 2)
 
 
@@ -156,7 +159,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="a LoCoMo-format JSON file of your own for the memory-quality phase")
     parser.add_argument("--report-only", action="store_true",
                         help="rewrite the report from bench/out/results.json, measure nothing")
+    parser.add_argument("--cache-only", action="store_true",
+                        help="run the prompt-cache phase alone (bench/cache.py, in process) "
+                             "and rewrite its section of the report")
     args = parser.parse_args(argv)
+    if args.cache_only:
+        turns = Plan.make(args.quick).cache_turns
+        output = Path(args.output)
+        measured = asyncio.run(prompt_cache_bench.measure(turns))
+        OUT.mkdir(parents=True, exist_ok=True)
+        (OUT / "cache.json").write_text(json.dumps(measured, indent=1))
+        output.write_text(report.with_cache_section(output.read_text(), measured))
+        return 0
     if args.report_only:
         Path(args.output).write_text(report.render(saved_results()))
         return 0
@@ -375,6 +389,9 @@ class Run:
 
         self.step("memory quality: conversations replayed for every strategy (bench/quality.py)")
         results["quality"] = quality.measure(quick=plan.quick, locomo=self.locomo)
+
+        self.step("prompt cache over a long agent session (bench/cache.py, in process)")
+        results["cache"] = asyncio.run(prompt_cache_bench.measure(plan.cache_turns))
 
     def summary(self, measured: phases.Measured) -> dict[str, float]:
         return {"p50": measured.p50(), "p99": measured.p99(), "rps": measured.rps(),
