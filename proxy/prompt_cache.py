@@ -94,6 +94,7 @@ def prefix_changes(
     window: Window,
     *,
     rewound_after: int | None = None,
+    earlier: bool = False,
 ) -> list[dict[str, Any]]:
     """Where and why the prefix sent now differs from the previous request's, earliest
     first: ``{"reason", "seq"}`` with reason ``client`` (the system prompt or tools
@@ -101,9 +102,15 @@ def prefix_changes(
     ``summary`` (another summary is sent), ``trim`` (the window starts elsewhere: seq the
     new start), ``compression`` / ``eviction`` (a message the previous request sent whole
     goes as a stub now: seq the oldest). Empty when the new request extends the last one
-    (the cache can serve its whole prefix) or there is no previous one to compare."""
+    (the cache can serve its whole prefix) or the session has no earlier request
+    (``earlier`` false). When the previous reply is not among the loaded messages (a
+    compaction's boundary passed it) the window restarted: from its summary, or trimmed."""
     if previous is None:
-        return []
+        if not earlier:
+            return []
+        if current["summary"]:
+            return [{"reason": "summary", "seq": 0}]
+        return [{"reason": "trim", "seq": current["start"]}]
     changes: list[dict[str, Any]] = []
     if previous.get("system") != current["system"]:
         changes.append({"reason": "client", "seq": 0})

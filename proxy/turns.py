@@ -350,6 +350,7 @@ async def prepare_turn(
         window_meta,
         window,
         rewound_after=sync.keep_through if sync.rewind else None,
+        earlier=bool(meta.head_seq),
     )
     return Turn(
         identity=identity,

@@ -151,3 +151,35 @@ def test_anthropic_models_get_cache_control_breakpoints_unless_the_client_placed
     assert not any("cache_control" in m for m in third)
     assert third[0]["content"][0]["cache_control"] == {"type": "ephemeral"}
     assert "prompt_cache_key" not in fake.chat_requests[0].body
+
+
+def test_summaries_and_stubs_render_to_the_same_bytes_at_every_turn(
+    make_proxy, fake, agents_dir
+):
+    write_agent(agents_dir, "compacting", llm={"model": MODEL, "contextWindow": 1200},
+                memoryConfig={"kind": "auto_compact", "compactAtRatio": 0.6,
+                              "toolResultEviction": {"afterTurns": 1, "aboveTokens": 100}})
+    scripted(fake)
+    proxy = make_proxy()
+    session = DeltaSession(proxy.client("compacting", "s"), fake, system=SYSTEM)
+    for turn in range(1, 15):
+        session.tool_turn(turn, [sized(f"RESULT {turn}", 200)])
+        proxy.drain()
+    requests = [r.body["messages"] for r in agent_requests(fake)]
+    summaries: dict[str, set[bytes]] = {}
+    stubs: dict[str, set[bytes]] = {}
+    for messages in requests:
+        for message in messages:
+            content = str(message.get("content"))
+            if content.startswith("This session is being continued"):
+                label = content.split("\n")[1]  # names the range it covers
+                summaries.setdefault(label, set()).add(orjson.dumps(message))
+            if message["role"] == "tool" and "evicted by memory-proxy" in content:
+                stubs.setdefault(message["tool_call_id"], set()).add(orjson.dumps(message))
+    assert summaries and stubs, "the session was meant to compact and evict"
+    assert all(len(rendered) == 1 for rendered in summaries.values())
+    assert all(len(rendered) == 1 for rendered in stubs.values())
+    for before, after, sent in zip(requests, requests[1:], session.sent[1:], strict=False):
+        if sent.headers["x-memory-prefix-change"] == "none":
+            assert [orjson.dumps(m) for m in after[: len(before)]] == [
+                orjson.dumps(m) for m in before]
