@@ -22,8 +22,11 @@ BUDGET = 3200
 
 def paged_agent(agents_dir, name: str, page: int, window: int | None = WINDOW, **config) -> None:
     llm = {"model": MODEL} | ({"contextWindow": window} if window else {})
+    # the spec's refit at every request: each window fills the budget (stablePrefix would
+    # hold a window's start until the budget is reached, then trim below it)
     write_agent(agents_dir, name, llm=llm, memoryConfig={
-        "kind": "summarizing_window", "maxHistoryFetch": page, **config})
+        "kind": "summarizing_window", "maxHistoryFetch": page, "stablePrefix": False,
+        **config})
 
 
 def test_a_window_that_holds_the_whole_history_gets_it_through_pages(

@@ -8,7 +8,14 @@ import httpx
 import orjson
 import pytest
 from e2e import ADMIN_TOKEN, CLIENT_KEY, write_agent
-from summarizing_support import MODEL, DeltaSession, agent_requests, scripted, sized
+from summarizing_support import (
+    MODEL,
+    DeltaSession,
+    agent_requests,
+    scripted,
+    sized,
+    summarizer_requests,
+)
 
 from proxy.fake_upstream import Reply
 from proxy.prompt_cache import cache_usage
@@ -183,3 +190,29 @@ def test_summaries_and_stubs_render_to_the_same_bytes_at_every_turn(
         if sent.headers["x-memory-prefix-change"] == "none":
             assert [orjson.dumps(m) for m in after[: len(before)]] == [
                 orjson.dumps(m) for m in before]
+
+
+def test_the_summarizer_call_reuses_the_sessions_cached_prefix(make_proxy, fake, agents_dir):
+    write_agent(agents_dir, "compacting", llm={"model": MODEL, "contextWindow": WINDOW},
+                memoryConfig={"kind": "auto_compact", "compactAtRatio": 0.4})
+    scripted(fake)
+    proxy = make_proxy()
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {}}}]
+    client = proxy.client("compacting", "s")
+    for turn in range(1, 12):
+        client.chat.completions.create(model=MODEL, tools=tools, messages=[
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": sized(f"question {turn}", 150)}])
+        proxy.drain()
+        if summarizer_requests(fake):
+            break
+    [call] = summarizer_requests(fake)
+    last = agent_requests(fake)[-1].body
+    # the overflowing request again, byte for byte, with its tools; its reply; then the
+    # instruction: the provider's cache serves everything but the last two messages
+    assert orjson.dumps(call.body["messages"][:-2]) == orjson.dumps(last["messages"])
+    assert orjson.dumps(call.body["tools"]) == orjson.dumps(last["tools"])
+    assert call.body["tool_choice"] == "none"
+    assert call.body["prompt_cache_key"] == last["prompt_cache_key"]
+    assert call.body["messages"][-2]["role"] == "assistant"
+    assert "the conversation above (messages 1-" in call.body["messages"][-1]["content"]

@@ -359,7 +359,7 @@ def test_a_short_page_never_lets_a_summary_cover_messages_it_did_not_read(
     # the first summary is due; it must still be written from message 1 on
     summarizing_agent(agents_dir, "short", maxHistoryFetch=6, autoSummarizeRatio=0.3)
     scripted(fake)
-    proxy = make_proxy()
+    proxy = make_proxy(summarizer_cached_prefix=False)  # the transcript shows the seqs read
     session = DeltaSession(proxy.client("short", "s"), fake)
     for turn in range(5):
         session.say(f"small {turn}")
