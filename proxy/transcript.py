@@ -21,6 +21,7 @@ from starlette.responses import Response, StreamingResponse
 from proxy.auth import require_admin
 from proxy.errors import BadRequest, NotFound, ProxyError, StoreUnavailableError
 from proxy.inspect import requested_session
+from proxy.prompt_cache import CACHE_META
 from proxy.responses import json_response
 from proxy.services import Services
 from storage.base import StoreUnavailable
@@ -37,7 +38,8 @@ EXPORT_PAGE = 500
 def cached_tokens(message: StoredMessage) -> int | None:
     """The prompt tokens the provider served from its cache for the turn this reply
     answered, when the store recorded them (None otherwise)."""
-    value = message.meta.get("cached_tokens")
+    cache = message.meta.get(CACHE_META)
+    value = cache.get("cached") if isinstance(cache, dict) else None
     return value if isinstance(value, int) else None
 
 

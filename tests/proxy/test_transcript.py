@@ -9,6 +9,7 @@ import pytest
 from e2e import ADMIN_TOKEN
 from media_samples import data_url, png
 
+from proxy.fake_upstream import Reply
 from strategies.records import SummaryRecord
 
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -58,7 +59,9 @@ def test_the_transcript_lists_every_stored_message_with_its_original_and_stub(re
     assert [m["compacted"] for m in data["messages"]] == [True] * 4 + [False] * 4
     assert data["messages"][0]["summarized_by"] == [data["summaries"][0]["id"]]
     assert all(m["tokens"] > 0 for m in data["messages"])
-    assert all(m["cached_tokens"] is None for m in data["messages"])
+    # only a reply carries its turn's cached tokens (the fake reports none cached)
+    assert {m["cached_tokens"] for m in data["messages"] if m["role"] == "assistant"} == {0}
+    assert all(m["cached_tokens"] is None for m in data["messages"] if m["role"] == "user")
     assert data["summaries"][0] | {"id": 0, "created_at": 0} == {
         "id": 0, "kind": "compaction", "from_seq": 1, "to_seq": 4, "tokens": 0, "model": "",
         "text": "they asked twice", "created_at": 0,
@@ -128,3 +131,14 @@ def test_bad_paging_parameters_are_a_400_in_openai_shape(recorded, params):
     error = response.json()["error"]
     assert error["param"] == next(iter(params))
     assert error["type"] == "invalid_request_error"
+
+
+def test_a_reply_shows_the_cached_tokens_its_upstream_reported(proxy, fake):
+    fake.queue(Reply.text("cached answer", usage={
+        "prompt_tokens": 1300, "completion_tokens": 3, "total_tokens": 1303,
+        "prompt_tokens_details": {"cached_tokens": 1152}}))
+    proxy.client(AGENT, "cached").chat.completions.create(
+        model="gpt-4o", messages=[{"role": "user", "content": "hello"}])
+    messages = transcript(proxy, "cached").json()["messages"]
+    assert [(m["role"], m["cached_tokens"]) for m in messages] == [
+        ("user", None), ("assistant", 1152)]
