@@ -36,6 +36,7 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from storage.base import StoreUnavailable
 from storage.redact import mask_url
@@ -82,6 +83,12 @@ SCRIPTS = (
     "delete", "lock_acquire", "lock_release", "index_prune",
 )  # fmt: skip
 Command = tuple[Any, ...]
+# how long a write whose reply was lost is checked for, at most (a check that times out is
+# asked again: Redis may be busy with other turns' large scripts)
+LANDED_SECONDS = 6.0
+# messages an append writes per second of its deadline beyond SOCKET_TIMEOUT (a turn that
+# resends a history of 50,000 messages is given 5 s more)
+APPEND_RATE = 10_000
 # search_messages scans at most this many of a session's newest active messages
 SEARCH_SCAN = 1000
 
@@ -183,7 +190,9 @@ class RedisStore:
         keys = _keys(key, "meta", "msgs", "active", "users", "stubs", "tools", "writes")
         index = entries(key, stamp)
         try:
-            reply = await self._append(keys, append_args(write, now, stamp), index)
+            reply = await self._append(
+                keys, append_args(write, now, stamp), index, len(write.messages)
+            )
         except StoreUnavailable as lost:
             if not write.write_id:
                 raise
@@ -423,15 +432,16 @@ class RedisStore:
         return self._client
 
     @asynccontextmanager
-    async def _call(self) -> AsyncIterator[None]:
+    async def _call(self, deadline: float | None = None) -> AsyncIterator[None]:
         """The one seam where Redis being unavailable becomes ``StoreUnavailable``, under
-        the call's deadline (``storage/redis_client.py``)."""
+        the call's deadline (``storage/redis_client.py``; ``deadline`` for a longer one)."""
+        seconds = deadline or self._deadline
         try:
-            async with asyncio.timeout(self._deadline):
+            async with asyncio.timeout(seconds):
                 yield
         except TimeoutError as exc:  # the deadline (redis-py's own is in UNAVAILABLE)
             raise StoreUnavailable(
-                mask_url(f"redis at {self.url} is unavailable: no reply within {self._deadline} s")
+                mask_url(f"redis at {self.url} is unavailable: no reply within {seconds:.1f} s")
             ) from exc
         except UNAVAILABLE as exc:
             reason = str(exc) or type(exc).__name__
@@ -448,7 +458,9 @@ class RedisStore:
                 mask_url(f"redis at {self.url} is unavailable: a connection closed while in use")
             ) from exc
 
-    async def _send(self, commands: Sequence[Command]) -> list[Any]:
+    async def _send(
+        self, commands: Sequence[Command], deadline: float | None = None
+    ) -> list[Any]:
         """Each command's reply, an error reply in its place. One pipeline (one round
         trip) on one server; on a cluster, each command on its slot's node, all at once
         (each its own redis-py call, which follows the cluster's changes). A connection
@@ -456,7 +468,7 @@ class RedisStore:
         if not commands:
             return []
         client = self._redis
-        async with self._call():
+        async with self._call(deadline):
             if isinstance(client, RedisCluster):
                 await self._slot_map(client)
                 replies = await asyncio.gather(
@@ -512,13 +524,14 @@ class RedisStore:
         return [reply, *replies]
 
     async def _run_with(
-        self, name: str, keys: Sequence[Any], args: Sequence[Any], extra: Sequence[Command]
+        self, name: str, keys: Sequence[Any], args: Sequence[Any], extra: Sequence[Command],
+        deadline: float | None = None,
     ) -> tuple[Any, list[Any]]:
         """The script's reply (an error reply raised) and those of the ``extra`` commands
         (an error reply in its place)."""
         script = self._scripts[name]
         reply, *replies = await self._send(
-            [("EVALSHA", script.sha, len(keys), *keys, *args), *extra]
+            [("EVALSHA", script.sha, len(keys), *keys, *args), *extra], deadline
         )
         if isinstance(reply, NoScriptError):
             # the script cache is empty (first call, restart, failover, SCRIPT FLUSH)
@@ -528,11 +541,12 @@ class RedisStore:
         return reply, replies
 
     async def _append(
-        self, keys: Sequence[Any], args: Sequence[Any], index: list[Command]
+        self, keys: Sequence[Any], args: Sequence[Any], index: list[Command], count: int
     ) -> list[Any]:
         """The append script, then the index commands (and any still pending): in one
         pipeline behind it on one server; after its reply on a cluster (their nodes are
-        others)."""
+        others). The deadline grows with the ``count`` messages written: Redis takes about
+        a second for each ``APPEND_RATE`` of them."""
         index = self._indexes.with_pending(index)
         if self.cluster:
             reply = await self._script("append", keys, args)
@@ -541,16 +555,26 @@ class RedisStore:
             except StoreUnavailable as exc:
                 self._indexes.failed(index, exc)
             return cast("list[Any]", reply)
-        reply, replies = await self._run_with("append", keys, args, index)
+        deadline = None if self._deadline is None else self._deadline + count / APPEND_RATE
+        reply, replies = await self._run_with("append", keys, args, index, deadline)
         self._indexes.settle(index, replies)
         return cast("list[Any]", reply)
 
     async def _landed(self, key: SessionKey, write_id: str, lost: StoreUnavailable) -> list[Any]:
-        """``[first seq, 0, meta]`` of a write that applied; raises when it did not."""
-        try:
-            reply = await self._script("landed", _keys(key, "writes", "meta"), [write_id])
-        except StoreUnavailable:
-            raise lost from None
+        """``[first seq, 0, meta]`` of a write that applied; raises when it did not.
+
+        A Redis that answers nothing in time may be busy rather than gone (running large
+        scripts queued before this one): the check is asked again, for up to
+        ``LANDED_SECONDS`` in all. A Redis that cannot be reached ends it at once."""
+        deadline = time.monotonic() + LANDED_SECONDS
+        while True:
+            try:
+                reply = await self._script("landed", _keys(key, "writes", "meta"), [write_id])
+                break
+            except StoreUnavailable as exc:
+                timed_out = isinstance(exc.__cause__, (TimeoutError, RedisTimeoutError))
+                if not timed_out or time.monotonic() >= deadline:
+                    raise lost from None
         if reply[0] == 0:
             raise lost
         return [reply[0], 0, reply[1]]

@@ -8,6 +8,7 @@ sessions they list (``storage/redis_indexes.py``).
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import time
 from collections.abc import AsyncIterator
@@ -20,7 +21,9 @@ from test_store_contract import KEY, assistant, load, user
 
 from storage.base import StoreUnavailable
 from storage.redis import SOCKET_TIMEOUT, RedisStore
-from strategies.records import LoadSpec, SessionKey, TurnWrite
+from strategies.records import AppendResult, LoadSpec, SessionKey, StoredMessage, TurnWrite
+
+SOAK = os.environ.get("SOAK") == "1"
 
 SESSIONS = f"mp:agent:{KEY.agent}:sessions"
 MEMBER = f'["{KEY.namespace}","{KEY.session}"]'.encode()
@@ -159,3 +162,39 @@ async def test_a_write_given_up_on_is_refused_when_it_arrives_late(
 
     assert await load(redis_store) == ["before"]
     assert (await redis_store.load(KEY, LoadSpec())).meta.head_seq == 1
+
+
+@pytest.mark.soak
+async def test_concurrent_huge_turns_are_each_stored_and_acknowledged_or_neither(
+    own_redis: RedisServer,
+) -> None:
+    """Four turns that resend 50,000 messages each (~2 MB; 5,000 in the short form) at once
+    keep Redis busy past the socket timeout: whatever each is answered, an acknowledged
+    turn is stored once and a failed one is not stored, even after Redis is done."""
+    size = 50_000 if SOAK else 5_000
+    store = RedisStore(own_redis.url)
+    await store.open()
+    keys = [SessionKey("ns", "agent", f"huge-{n}") for n in range(4)]
+    writes = [
+        TurnWrite([
+            StoredMessage(role="user" if i % 2 == 0 else "assistant", content=f"{n}/{i} " * 4,
+                          fingerprint=f"{n}-{i}", tokens=10)
+            for i in range(size)
+        ])
+        for n in range(4)
+    ]
+    try:
+        outcomes = await asyncio.gather(
+            *(store.append_turn(key, write) for key, write in zip(keys, writes, strict=True)),
+            return_exceptions=True,
+        )
+        await asyncio.sleep(1)
+        stored = [(await store.load(key, LoadSpec(limit=1))).meta.head_seq for key in keys]
+    finally:
+        await store.close()
+
+    assert all(isinstance(o, (AppendResult, StoreUnavailable)) for o in outcomes), outcomes
+    acknowledged = [isinstance(o, AppendResult) for o in outcomes]
+    assert stored == [size if ok else 0 for ok in acknowledged]
+    print(f"\n[reliability] huge turns: size={size} acknowledged={sum(acknowledged)} "
+          f"failed={4 - sum(acknowledged)} stored_and_failed=0", flush=True)
