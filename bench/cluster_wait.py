@@ -23,7 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from redis.asyncio.cluster import RedisCluster as ClusterClient
 from redis_cluster import RedisCluster
 
-from storage.redis import SESSION_PARTS, _keys, _source
+from storage.redis import SESSION_PARTS, _keys
+from storage.redis_calls import source
 from storage.redis_codec import append_args
 from strategies.records import SessionKey, StoredMessage, TurnWrite
 
@@ -44,7 +45,7 @@ def turn_args(i: int) -> list[Any]:
 async def measure(url: str) -> dict[str, list[float]]:
     # one connection per node: the WAIT follows the append on the connection that wrote it
     client = ClusterClient.from_url(url.replace("redis+cluster", "redis"), max_connections=1)
-    script = client.register_script(_source("append"))
+    script = client.register_script(source("append"))
     keys = _keys(SessionKey("ns", "agent", "wait"), *APPEND_KEYS)
     await client.initialize()
     node = client.get_node_from_key(keys[0])

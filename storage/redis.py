@@ -26,27 +26,16 @@ import asyncio
 import functools
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any, cast
 
 import orjson
-from redis.asyncio import Redis
-from redis.asyncio.cluster import RedisCluster
-from redis.commands.core import AsyncScript
-from redis.exceptions import NoScriptError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from storage.base import StoreUnavailable
 from storage.redact import mask_url
-from storage.redis_client import (
-    SOCKET_TIMEOUT,
-    UNAVAILABLE,
-    call_timeout,
-    connect,
-    disconnect,
-)
+from storage.redis_calls import Command, RedisCalls
+from storage.redis_client import SOCKET_TIMEOUT
 from storage.redis_codec import append_args, decode_array, decode_messages, decode_meta
 from storage.redis_indexes import (
     AGENTS,
@@ -78,11 +67,6 @@ SESSION_PARTS = (
     "meta", "msgs", "active", "users", "stubs", "tools", "summaries", "locks", "writes",
     "media",
 )  # fmt: skip
-SCRIPTS = (
-    "load", "append", "landed", "range", "tool_result", "compress", "summary", "set_meta",
-    "delete", "lock_acquire", "lock_release", "index_prune",
-)  # fmt: skip
-Command = tuple[Any, ...]
 # how long a write whose reply was lost is checked for, at most (a check that times out is
 # asked again: Redis may be busy with other turns' large scripts)
 LANDED_SECONDS = 6.0
@@ -91,11 +75,6 @@ LANDED_SECONDS = 6.0
 APPEND_RATE = 10_000
 # search_messages scans at most this many of a session's newest active messages
 SEARCH_SCAN = 1000
-
-
-def _source(name: str) -> str:
-    folder = Path(__file__).with_name("lua")
-    return (folder / "prelude.lua").read_text() + (folder / f"{name}.lua").read_text()
 
 
 class RedisStore:
@@ -107,40 +86,26 @@ class RedisStore:
     - ``redis+sentinel://host:port[,host:port...]/service/db``: the master that Sentinel
       names for ``service``.
 
-    Scripts run by ``EVALSHA`` (redis-py's ``register_script``: loaded again after a
-    restart, a failover or ``SCRIPT FLUSH``). On one server, ``load`` and ``append_turn``
-    are one round trip each (the script and its companion commands in one pipeline).
+    The calls go through ``storage/redis_calls.py``. On one server, ``load`` and
+    ``append_turn`` are one round trip each (the script and its companion commands in one
+    pipeline).
     """
 
     def __init__(self, url: str) -> None:
         self.url = url
-        self._client: Redis | RedisCluster | None = None
-        self._scripts: dict[str, AsyncScript] = {}
-        self._indexes = IndexWrites(self._send)
-        self._map_lock = asyncio.Lock()
-        self._deadline: float | None = None
-
-    @property
-    def cluster(self) -> bool:
-        return isinstance(self._client, RedisCluster)
+        self._calls = RedisCalls(url)
+        self._indexes = IndexWrites(self._calls.send)
 
     async def open(self) -> None:
         # Nothing connects here, so a Redis that is down does not stop the proxy.
-        self._client = connect(self.url)
-        self._deadline = call_timeout(self._client)
-        self._scripts = {name: self._client.register_script(_source(name)) for name in SCRIPTS}
+        await self._calls.open()
 
     async def close(self) -> None:
         await self._indexes.close()
-        if self._client is not None:
-            await disconnect(self._client)
-            self._client = None
+        await self._calls.close()
 
     async def ping(self) -> bool:
-        try:
-            return bool(await self._redis.ping())
-        except (RedisError, OSError):
-            return False
+        return await self._calls.ping()
 
     async def load(
         self,
@@ -153,7 +118,7 @@ class RedisStore:
     ) -> SessionSnapshot:
         known = "" if known_version is None else known_version
         head = "" if known_version is None or known_head is None else known_head
-        found, config = await self._run(
+        found, config = await self._calls.run(
             "load",
             _keys(key, "meta", "msgs", "active", "stubs", "summaries"),
             [spec.limit, spec.since, known, head, *probe],
@@ -213,7 +178,7 @@ class RedisStore:
         args: list[Any] = []
         for seq, stub in stubs.items():
             args += (seq, stub or "")
-        await self._run("compress", _keys(key, "msgs", "stubs", "meta"), args)
+        await self._calls.run("compress", _keys(key, "msgs", "stubs", "meta"), args)
 
     async def add_summary(
         self, key: SessionKey, summary: SummaryRecord, *, expect_boundary: int | None = None
@@ -221,7 +186,7 @@ class RedisStore:
         created_at = summary.created_at or time.time()
         body = summary.to_dict() | {"created_at": created_at}
         del body["id"]
-        (summary_id,) = await self._run(
+        (summary_id,) = await self._calls.run(
             "summary",
             _keys(key, "meta", "summaries"),
             [
@@ -239,19 +204,19 @@ class RedisStore:
         if not seqs:
             return []
         msgs, stubs = _keys(key, "msgs", "stubs")
-        messages, stub_values = await self._commands(
+        messages, stub_values = await self._calls.commands(
             [("HMGET", msgs, *seqs), ("HMGET", stubs, *seqs)]
         )
         return decode_messages(messages, stub_values)
 
     async def get_range(self, key: SessionKey, from_seq: int, to_seq: int) -> list[StoredMessage]:
-        ((messages, stubs),) = await self._run(
+        ((messages, stubs),) = await self._calls.run(
             "range", _keys(key, "active", "msgs", "stubs"), [from_seq, to_seq]
         )
         return decode_array(messages, stubs)
 
     async def find_tool_result(self, key: SessionKey, tool_call_id: str) -> StoredMessage | None:
-        (found,) = await self._run(
+        (found,) = await self._calls.run(
             "tool_result", _keys(key, "tools", "active", "msgs", "stubs"), [tool_call_id]
         )
         if not found or found[0] is None:
@@ -263,7 +228,7 @@ class RedisStore:
         last = max(0, after) + max(1, limit)
         seqs = list(range(max(0, after) + 1, last + 1))
         meta, msgs, active, stubs = _keys(key, "meta", "msgs", "active", "stubs")
-        head, messages, stub_values, live = await self._commands([
+        head, messages, stub_values, live = await self._calls.commands([
             ("HGET", meta, "head_seq"),
             ("HMGET", msgs, *seqs),
             ("HMGET", stubs, *seqs),
@@ -288,7 +253,7 @@ class RedisStore:
         if not words or limit <= 0:
             return []
         (active,) = _keys(key, "active")
-        (newest,) = await self._commands(
+        (newest,) = await self._calls.commands(
             [("ZREVRANGEBYSCORE", active, "+inf", "-inf", "WITHSCORES", "LIMIT", 0, SEARCH_SCAN)]
         )
         skip = set(exclude)
@@ -298,13 +263,13 @@ class RedisStore:
         return await asyncio.to_thread(_best, messages, words, limit)
 
     async def set_calibration(self, key: SessionKey, value: float) -> None:
-        await self._run("set_meta", _keys(key, "meta"), ["calibration", float(value)])
+        await self._calls.run("set_meta", _keys(key, "meta"), ["calibration", float(value)])
 
     async def list_agents(self) -> list[AgentInfo]:
         await self._indexes.flush()
-        (reply,) = await self._commands([("ZREVRANGE", AGENTS, 0, -1, "WITHSCORES")])
+        (reply,) = await self._calls.commands([("ZREVRANGE", AGENTS, 0, -1, "WITHSCORES")])
         agents = _scored(reply)
-        counts = await self._commands(
+        counts = await self._calls.commands(
             [("ZCARD", sessions_key(agent.decode())) for agent, _ in agents]
         )
         # an agent whose sessions were all deleted is no longer listed (as in SQLite)
@@ -318,7 +283,7 @@ class RedisStore:
         if limit <= 0:
             return []
         await self._indexes.flush()
-        (reply,) = await self._commands(
+        (reply,) = await self._calls.commands(
             [("ZREVRANGE", sessions_key(agent), 0, limit - 1, "WITHSCORES")]
         )
         return await self._session_infos(agent, _scored(reply))
@@ -328,10 +293,10 @@ class RedisStore:
         # that end with this session, however many the agent has
         await self._indexes.flush()
         pattern = b"*," + _glob_escape(orjson.dumps(session)) + b"]"
-        async with self._call():
+        async with self._calls.call():
             members = [
                 (member, score)
-                async for member, score in self._redis.zscan_iter(
+                async for member, score in self._calls.redis.zscan_iter(
                     sessions_key(agent), match=pattern, count=1000
                 )
                 if _unpack_member(member, agent)[2] == session
@@ -346,14 +311,14 @@ class RedisStore:
         message counts, read in one round trip); members whose session is gone are left
         out, and dropped from the index."""
         keys = [SessionKey(*_unpack_member(member, agent)) for member, _ in members]
-        counts = await self._commands(
+        counts = await self._calls.commands(
             [("HGET", _keys(session_key, "meta")[0], "active_count") for session_key in keys]
         )
         gone = [(member, score) for (member, score), count in zip(members, counts, strict=True)
                 if count is None]
         if gone:
             # a delete raced a turn of the session: its entry outlived it
-            await self._run(
+            await self._calls.run(
                 "index_prune", (sessions_key(agent),), [v for pair in gone for v in pair]
             )
         return [
@@ -363,7 +328,7 @@ class RedisStore:
         ]
 
     async def delete_session(self, key: SessionKey) -> bool:
-        existed, *_ = await self._run(
+        existed, *_ = await self._calls.run(
             "delete", _keys(key, *SESSION_PARTS), [],
             (("ZREM", sessions_key(key.agent), session_member(key)),
              ("SREM", namespace_key(key.namespace), namespace_member(key))),
@@ -374,27 +339,27 @@ class RedisStore:
         # the namespace's set is kept by append_turn and delete_session (sessions last
         # written before it existed are not in it until their next turn)
         await self._indexes.flush()
-        (count,) = await self._commands([("SCARD", namespace_key(namespace))])
+        (count,) = await self._calls.commands([("SCARD", namespace_key(namespace))])
         return int(count)
 
     async def get_agent_config(self, agent: str) -> dict[str, Any] | None:
-        (raw,) = await self._commands([("GET", _agent_config_key(agent))])
+        (raw,) = await self._calls.commands([("GET", _agent_config_key(agent))])
         return orjson.loads(raw) if raw else None
 
     async def set_agent_config(self, agent: str, config: dict[str, Any] | None) -> None:
         if config is None:
-            await self._commands([("DEL", _agent_config_key(agent))])
+            await self._calls.commands([("DEL", _agent_config_key(agent))])
         else:
-            await self._commands([("SET", _agent_config_key(agent), orjson.dumps(config))])
+            await self._calls.commands([("SET", _agent_config_key(agent), orjson.dumps(config))])
 
     async def acquire_lock(self, key: SessionKey, name: str, ttl: float) -> str | None:
         token = uuid.uuid4().hex
         ttl_ms = max(1, int(ttl * 1000))
-        (taken,) = await self._run("lock_acquire", _keys(key, "locks"), [name, token, ttl_ms])
+        (taken,) = await self._calls.run("lock_acquire", _keys(key, "locks"), [name, token, ttl_ms])
         return token if taken else None
 
     async def release_lock(self, key: SessionKey, name: str, token: str) -> None:
-        await self._run("lock_release", _keys(key, "locks"), [name, token])
+        await self._calls.run("lock_release", _keys(key, "locks"), [name, token])
 
     async def put_part(self, key: SessionKey, digest: str, data: bytes, media_type: str) -> None:
         await self.put_parts(key, [(digest, data, media_type)])
@@ -405,7 +370,7 @@ class RedisStore:
     async def put_parts(self, key: SessionKey, parts: Sequence[tuple[str, bytes, str]]) -> None:
         # content-addressed within the session: HSETNX, so a retry is harmless
         (media,) = _keys(key, "media")
-        await self._commands(
+        await self._calls.commands(
             [("HSETNX", media, digest, media_type.encode() + b"\n" + data)
              for digest, data, media_type in parts]
         )
@@ -415,7 +380,7 @@ class RedisStore:
     ) -> dict[str, tuple[bytes, str]]:
         if not digests:
             return {}
-        (values,) = await self._commands([("HMGET", _keys(key, "media")[0], *digests)])
+        (values,) = await self._calls.commands([("HMGET", _keys(key, "media")[0], *digests)])
         found: dict[str, tuple[bytes, str]] = {}
         for digest, raw in zip(digests, values, strict=True):
             if raw is not None:
@@ -425,121 +390,6 @@ class RedisStore:
 
     # --- the calls -----------------------------------------------------------------------
 
-    @property
-    def _redis(self) -> Redis | RedisCluster:
-        if self._client is None:
-            raise RuntimeError("RedisStore used before open()")
-        return self._client
-
-    @asynccontextmanager
-    async def _call(self, deadline: float | None = None) -> AsyncIterator[None]:
-        """The one seam where Redis being unavailable becomes ``StoreUnavailable``, under
-        the call's deadline (``storage/redis_client.py``; ``deadline`` for a longer one)."""
-        seconds = deadline or self._deadline
-        try:
-            async with asyncio.timeout(seconds):
-                yield
-        except TimeoutError as exc:  # the deadline (redis-py's own is in UNAVAILABLE)
-            raise StoreUnavailable(
-                mask_url(f"redis at {self.url} is unavailable: no reply within {seconds:.1f} s")
-            ) from exc
-        except UNAVAILABLE as exc:
-            reason = str(exc) or type(exc).__name__
-            raise StoreUnavailable(
-                mask_url(f"redis at {self.url} is unavailable: {reason}")
-            ) from exc
-        except AttributeError as exc:
-            if not self.cluster:
-                raise
-            # redis-py 8.1's cluster client, reading the slot map again (a failover) while
-            # other calls are under way, can close a connection one of them is making
-            # (see _slot_map): that call failed to reach Redis
-            raise StoreUnavailable(
-                mask_url(f"redis at {self.url} is unavailable: a connection closed while in use")
-            ) from exc
-
-    async def _send(
-        self, commands: Sequence[Command], deadline: float | None = None
-    ) -> list[Any]:
-        """Each command's reply, an error reply in its place. One pipeline (one round
-        trip) on one server; on a cluster, each command on its slot's node, all at once
-        (each its own redis-py call, which follows the cluster's changes). A connection
-        lost or refused raises ``StoreUnavailable``."""
-        if not commands:
-            return []
-        client = self._redis
-        async with self._call(deadline):
-            if isinstance(client, RedisCluster):
-                await self._slot_map(client)
-                replies = await asyncio.gather(
-                    *(client.execute_command(*command) for command in commands),
-                    return_exceptions=True,
-                )
-                for reply in replies:
-                    # an error reply takes its command's place, as in a pipeline
-                    if isinstance(reply, BaseException) and not isinstance(reply, ResponseError):
-                        raise reply
-                return list(replies)
-            pipe = client.pipeline(transaction=False)
-            for command in commands:
-                pipe.execute_command(*command)
-            return cast("list[Any]", await pipe.execute(raise_on_error=False))
-
-    async def _slot_map(self, client: RedisCluster) -> None:
-        """Read the cluster's slot map first (again after a failure), alone.
-
-        redis-py 8.1 reads it lazily inside the first command that finds it missing; other
-        commands started meanwhile may then find their new connection closed under them
-        (``AttributeError``). So every call here waits for the map before it starts.
-        """
-        if client._initialize:  # set by redis-py after a connection error, too
-            async with self._map_lock:
-                await client.initialize()
-
-    async def _commands(self, commands: Sequence[Command]) -> list[Any]:
-        """Each command's reply; an error reply raised."""
-        replies = await self._send(commands)
-        for reply in replies:
-            if isinstance(reply, BaseException):
-                raise reply
-        return replies
-
-    async def _script(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        """``EVALSHA`` of the script, loaded first when the server does not have it."""
-        async with self._call():
-            if isinstance(self._client, RedisCluster):
-                await self._slot_map(self._client)
-            return await self._scripts[name](keys, args)
-
-    async def _run(
-        self, name: str, keys: Sequence[Any], args: Sequence[Any],
-        extra: Sequence[Command] = (),
-    ) -> list[Any]:
-        """The script's reply, then the replies of the ``extra`` commands (on any slot),
-        sent with it; an error reply raised."""
-        reply, replies = await self._run_with(name, keys, args, extra)
-        for other in replies:
-            if isinstance(other, BaseException):
-                raise other
-        return [reply, *replies]
-
-    async def _run_with(
-        self, name: str, keys: Sequence[Any], args: Sequence[Any], extra: Sequence[Command],
-        deadline: float | None = None,
-    ) -> tuple[Any, list[Any]]:
-        """The script's reply (an error reply raised) and those of the ``extra`` commands
-        (an error reply in its place)."""
-        script = self._scripts[name]
-        reply, *replies = await self._send(
-            [("EVALSHA", script.sha, len(keys), *keys, *args), *extra], deadline
-        )
-        if isinstance(reply, NoScriptError):
-            # the script cache is empty (first call, restart, failover, SCRIPT FLUSH)
-            reply = await self._script(name, keys, args)
-        if isinstance(reply, BaseException):
-            raise reply
-        return reply, replies
-
     async def _append(
         self, keys: Sequence[Any], args: Sequence[Any], index: list[Command], count: int
     ) -> list[Any]:
@@ -548,15 +398,16 @@ class RedisStore:
         others). The deadline grows with the ``count`` messages written: Redis takes about
         a second for each ``APPEND_RATE`` of them."""
         index = self._indexes.with_pending(index)
-        if self.cluster:
-            reply = await self._script("append", keys, args)
+        if self._calls.cluster:
+            reply = await self._calls.script("append", keys, args)
             try:
-                self._indexes.settle(index, await self._send(index))
+                self._indexes.settle(index, await self._calls.send(index))
             except StoreUnavailable as exc:
                 self._indexes.failed(index, exc)
             return cast("list[Any]", reply)
-        deadline = None if self._deadline is None else self._deadline + count / APPEND_RATE
-        reply, replies = await self._run_with("append", keys, args, index, deadline)
+        base = self._calls.deadline
+        deadline = None if base is None else base + count / APPEND_RATE
+        reply, replies = await self._calls.run_with("append", keys, args, index, deadline)
         self._indexes.settle(index, replies)
         return cast("list[Any]", reply)
 
@@ -569,7 +420,7 @@ class RedisStore:
         deadline = time.monotonic() + LANDED_SECONDS
         while True:
             try:
-                reply = await self._script("landed", _keys(key, "writes", "meta"), [write_id])
+                reply = await self._calls.script("landed", _keys(key, "writes", "meta"), [write_id])
                 break
             except StoreUnavailable as exc:
                 timed_out = isinstance(exc.__cause__, (TimeoutError, RedisTimeoutError))

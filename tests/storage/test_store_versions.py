@@ -12,6 +12,7 @@ import pytest
 
 from storage.base import Store
 from storage.redis import RedisStore, _keys
+from storage.redis_client import connect, disconnect
 from storage.sqlite import SqliteStore
 from strategies.records import LoadSpec, SessionKey, StoredMessage, SummaryRecord, TurnWrite
 
@@ -244,7 +245,9 @@ async def forget_rewrites(store: Store) -> None:
             "UPDATE sessions SET meta = json_remove(meta, '$.rewrite_version')"))
     else:
         assert isinstance(store, RedisStore)
-        await store._redis.hdel(_keys(KEY, "meta")[0], "rewrite_version")
+        client = connect(store.url)  # a client of its own, beside the store's
+        await client.hdel(_keys(KEY, "meta")[0], "rewrite_version")
+        await disconnect(client)
 
 
 async def test_a_session_stored_before_rewrites_were_kept_is_read_whole_until_it_grows(
