@@ -119,15 +119,19 @@ class RedisCalls:
                     *(client.execute_command(*command) for command in commands),
                     return_exceptions=True,
                 )
-                for reply in replies:
-                    # an error reply takes its command's place, as in a pipeline
-                    if isinstance(reply, BaseException) and not isinstance(reply, ResponseError):
-                        raise reply
-                return list(replies)
-            pipe = client.pipeline(transaction=False)
-            for command in commands:
-                pipe.execute_command(*command)
-            return cast("list[Any]", await pipe.execute(raise_on_error=False))
+            else:
+                pipe = client.pipeline(transaction=False)
+                for command in commands:
+                    pipe.execute_command(*command)
+                replies = await pipe.execute(raise_on_error=False)
+            for reply in replies:
+                # an error reply takes its command's place, unless it says that Redis
+                # cannot serve now (CLUSTERDOWN, TRYAGAIN, READONLY, LOADING: some are
+                # error replies), which is raised here, at the seam
+                if isinstance(reply, UNAVAILABLE) or (
+                        isinstance(reply, BaseException) and not isinstance(reply, ResponseError)):
+                    raise reply
+            return cast("list[Any]", list(replies))
 
     async def slot_map(self, client: RedisCluster) -> None:
         """Read the cluster's slot map first (again after a failure), alone.

@@ -13,6 +13,7 @@ from redis_server import RedisServer
 from test_store_contract import KEY, assistant, load, user
 
 from storage import open_store
+from storage.base import StoreUnavailable
 from storage.redis import RedisStore
 from storage.redis_client import connect
 from strategies.records import TurnWrite
@@ -65,3 +66,21 @@ def test_docker_compose_runs_two_proxies_on_a_cluster_in_its_cluster_profile() -
         assert proxy["depends_on"] == {
             "redis-cluster-init": {"condition": "service_completed_successfully"}}
     assert not {"redis", "memory-proxy"} & cluster  # the default services stay as they were
+
+
+async def test_a_store_pointed_at_a_replica_is_unavailable_for_writes_not_broken() -> None:
+    """A master demoted to a replica by a failover answers writes with READONLY, an error
+    reply: the store reports itself unavailable (a 503), never an internal error."""
+    with RedisServer() as master, RedisServer() as replica:
+        raw = Redis.from_url(replica.url)
+        await raw.replicaof("127.0.0.1", master.port)
+        await raw.aclose()
+        store = RedisStore(replica.url)
+        await store.open()
+        try:
+            with pytest.raises(StoreUnavailable, match="read only replica"):
+                await store.append_turn(KEY, TurnWrite([user("q")]))
+            with pytest.raises(StoreUnavailable, match="read only replica"):
+                await store.set_agent_config(KEY.agent, {"name": KEY.agent})
+        finally:
+            await store.close()
