@@ -13,6 +13,7 @@ from media_samples import b64, data_url, pdf, png, wav
 from media_support import RecordingMapper, RecordingPartReader
 
 from proxy.fake_upstream import Reply
+from storage.redis_client import connect, disconnect
 from storage.sqlite import SqliteStore
 from strategies.tokens import count_message
 
@@ -44,8 +45,11 @@ def stored_part_count(proxy) -> int:
         return proxy.call(store._execute("SELECT COUNT(*) FROM session_parts"))[0][0]
 
     async def count() -> int:
-        keys = await store._redis.keys("mp:*:media")
-        return sum([await store._redis.hlen(key) for key in keys])
+        client = connect(store.url)  # a client of its own, beside the store's
+        keys = await client.keys("mp:*:media")
+        total = sum([await client.hlen(key) for key in keys])
+        await disconnect(client)
+        return total
 
     return proxy.call(count())
 
