@@ -102,7 +102,22 @@ class RedisCluster:
             self.close()
             raise RuntimeError(f"redis-cli --cluster create failed:\n{created.stdout}")
         self.wait_ok(timeout)
+        self.wait_replicated(timeout)
         return self
+
+    def wait_replicated(self, timeout: float = 30) -> None:
+        """Until every replica's link to its master is up and its first sync done: before
+        it, a master that dies takes with it what no replica has yet."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            infos = [node.cli("INFO", "replication") for node in self.nodes if node.ping()]
+            replicas = [info for info in infos if info.get("role") == "slave"]
+            if len(replicas) == len(self.nodes) // 2 and all(
+                    info.get("master_link_status") == "up"
+                    and not info.get("master_sync_in_progress") for info in replicas):
+                return
+            time.sleep(0.1)
+        raise RuntimeError("the replicas did not finish their first sync")
 
     def wait_ok(self, timeout: float = 30) -> None:
         """Until every live node says ``cluster_state:ok`` and sees all slots served."""
