@@ -23,10 +23,11 @@ from proxy.disconnect import unless_disconnected
 from proxy.errors import BadRequest, ProxyError, UpstreamError, UpstreamReplyError
 from proxy.fetch_stream import FetchStream
 from proxy.identity import client_key, identify
+from proxy.persist import persist_turn
 from proxy.requests import parse_json_object
 from proxy.services import Services
 from proxy.streaming import NOT_A_COMPLETION, ReplyAccumulator, add_stream_event, completion_of
-from proxy.turns import Turn, persist_turn, prepare_turn, resolve_agent
+from proxy.turns import Turn, prepare_turn, resolve_agent
 from proxy.upstream.base import UpstreamRequest, UpstreamStream
 
 logger = logging.getLogger("memory_proxy.chat")

@@ -1,13 +1,37 @@
-"""Stored message decoding shared by the backends: the hot loop of every load."""
+"""Stored message encoding and decoding shared by the backends (decoding is the hot loop
+of every load)."""
 
 from __future__ import annotations
 
 from dataclasses import fields
 from typing import Any
 
+import orjson
+
 from strategies.records import StoredMessage
 
-__all__ = ["message_from_body"]
+__all__ = ["encode_message", "message_from_body"]
+
+
+def encode_message(message: StoredMessage, now: float) -> bytes:
+    """The message's stored JSON object: seq, chain and compressed_content are kept beside
+    it by each backend."""
+    body: dict[str, Any] = {
+        "role": message.role,
+        "content": message.content,
+        "tokens": message.tokens,
+        "fingerprint": message.fingerprint,
+        "created_at": message.created_at or now,
+    }
+    if message.tool_calls is not None:
+        body["tool_calls"] = message.tool_calls
+    if message.tool_call_id is not None:
+        body["tool_call_id"] = message.tool_call_id
+    if message.name is not None:
+        body["name"] = message.name
+    if message.meta:
+        body["meta"] = message.meta
+    return orjson.dumps(body)
 
 
 def message_from_body(

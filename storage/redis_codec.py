@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from storage.codec import message_from_body
+from storage.codec import encode_message, message_from_body
 from strategies.records import SessionMeta, StoredMessage, TurnWrite
 
 __all__ = ["append_args", "decode_array", "decode_messages", "decode_meta"]
@@ -34,7 +34,7 @@ def append_args(write: TurnWrite, now: float, stamp: bytes) -> list[Any]:
             message.role,
             message.tool_call_id if message.role == "tool" and message.tool_call_id else "",
             message.compressed_content or "",
-            _encode_message(message, now),
+            encode_message(message, now),
         )
     stubs = write.compressed or {}
     args.append(len(stubs))
@@ -54,25 +54,6 @@ def _meta_updates(write: TurnWrite) -> Iterator[tuple[str, Any]]:
     if write.calibration is not None:
         yield "calibration", float(write.calibration)
 
-
-def _encode_message(message: StoredMessage, now: float) -> bytes:
-    """The message JSON without seq and chain (the script prepends them)."""
-    body: dict[str, Any] = {
-        "role": message.role,
-        "content": message.content,
-        "tokens": message.tokens,
-        "fingerprint": message.fingerprint,
-        "created_at": message.created_at or now,
-    }
-    if message.tool_calls is not None:
-        body["tool_calls"] = message.tool_calls
-    if message.tool_call_id is not None:
-        body["tool_call_id"] = message.tool_call_id
-    if message.name is not None:
-        body["name"] = message.name
-    if message.meta:
-        body["meta"] = message.meta
-    return orjson.dumps(body)
 
 
 def decode_array(array: bytes, stubs: Sequence[bytes]) -> list[StoredMessage]:

@@ -27,7 +27,7 @@ import orjson
 
 from storage import sqlite_prompts, sqlite_search
 from storage.base import StoreUnavailable
-from storage.codec import message_from_body
+from storage.codec import encode_message, message_from_body
 from storage.sqlite_heads import Heads, Stored
 from storage.sqlite_prompts import Ids, SystemPrompts
 from strategies.records import (
@@ -1130,7 +1130,7 @@ def _append_rows(
             meta.last_user_seq = seq
         rows.append(
             (sid, seq, message.role, chain, tool_call_id,
-             message.compressed_content or None, _encode_message(message, now))
+             message.compressed_content or None, encode_message(message, now).decode())
         )  # fmt: skip
     conn.executemany(INSERT_MESSAGE, rows)
     if write.compressed:
@@ -1292,25 +1292,6 @@ def _encode_meta(meta: SessionMeta, revision: int) -> str:
         meta.system_prompt = prompt
     return text[:-1].decode() + f',"system_revision":{revision}}}'
 
-
-def _encode_message(message: StoredMessage, now: float) -> str:
-    """The message JSON; seq, chain and compressed_content live in their own columns."""
-    body: dict[str, Any] = {
-        "role": message.role,
-        "content": message.content,
-        "tokens": message.tokens,
-        "fingerprint": message.fingerprint,
-        "created_at": message.created_at or now,
-    }
-    if message.tool_calls is not None:
-        body["tool_calls"] = message.tool_calls
-    if message.tool_call_id is not None:
-        body["tool_call_id"] = message.tool_call_id
-    if message.name is not None:
-        body["name"] = message.name
-    if message.meta:
-        body["meta"] = message.meta
-    return orjson.dumps(body).decode()
 
 
 def _decode_message(row: Row) -> StoredMessage:
