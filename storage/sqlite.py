@@ -1130,7 +1130,7 @@ def _append_rows(
             meta.last_user_seq = seq
         rows.append(
             (sid, seq, message.role, chain, tool_call_id,
-             message.compressed_content or None, encode_message(message, now).decode())
+             message.compressed_content or None, _encode_message(message, now))
         )  # fmt: skip
     conn.executemany(INSERT_MESSAGE, rows)
     if write.compressed:
@@ -1292,6 +1292,11 @@ def _encode_meta(meta: SessionMeta, revision: int) -> str:
         meta.system_prompt = prompt
     return text[:-1].decode() + f',"system_revision":{revision}}}'
 
+
+
+def _encode_message(message: StoredMessage, now: float) -> str:
+    """The message JSON; seq, chain and compressed_content live in their own columns."""
+    return encode_message(message, now).decode()
 
 
 def _decode_message(row: Row) -> StoredMessage:
