@@ -5,8 +5,10 @@ ProxyError
  │    └── InvalidMemoryConfig (400, param names the field)
  ├── Unauthorized (401, authentication_error)
  ├── Forbidden (403, permission_error)
+ ├── TooManySessions (403, a new session past MEMORY_PROXY_MAX_SESSIONS_PER_KEY)
  ├── NotFound (404, not_found_error)
  ├── PayloadTooLarge (413, invalid_request_error)
+ ├── HeadersTooLarge (431, forwarded headers past MEMORY_PROXY_MAX_FORWARDED_HEADER_BYTES)
  ├── StoreUnavailableError (503, service_unavailable, with Retry-After)
  └── UpstreamError
       ├── UpstreamStatusError (the upstream's own status and body, passed through)
@@ -79,6 +81,18 @@ class Unauthorized(ProxyError):
 class Forbidden(ProxyError):
     status_code = 403
     error_type = "permission_error"
+
+
+class TooManySessions(ProxyError):
+    status_code = 403
+    error_type = "permission_error"
+    code = "too_many_sessions"
+
+
+class HeadersTooLarge(ProxyError):
+    status_code = 431
+    error_type = "invalid_request_error"
+    code = "request_headers_too_large"
 
 
 class NotFound(ProxyError):

@@ -13,24 +13,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from proxy.errors import BadRequest, ProxyError, StoreUnavailableError
+from proxy.errors import BadRequest, HeadersTooLarge, StoreUnavailableError, TooManySessions
 from proxy.settings import Settings
 from storage.base import Store, StoreUnavailable
 
 # model ids, names and ids of every provider fit with room to spare (OpenAI: 64 for names)
 MAX_IDENTIFIER_CHARS = 256
-
-
-class HeadersTooLarge(ProxyError):
-    status_code = 431
-    error_type = "invalid_request_error"
-    code = "request_headers_too_large"
-
-
-class TooManySessions(ProxyError):
-    status_code = 403
-    error_type = "permission_error"
-    code = "too_many_sessions"
 
 
 def _bounded(value: Any, param: str) -> None:
