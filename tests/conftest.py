@@ -17,7 +17,7 @@ import pytest
 from e2e import ADMIN_TOKEN, RunningProxy
 from redis_cluster import RedisCluster
 from redis_server import RedisServer, flush_redis
-from servers import ThreadedServer
+from servers import AppHosts
 
 from proxy.http.app import create_app
 from proxy.settings import Settings
@@ -94,10 +94,27 @@ def redis_cluster() -> Iterator[RedisCluster]:
 # either store). Folders with other needs (tests/admin) override them by name.
 
 
-@pytest.fixture
-def fake() -> Iterator[FakeUpstream]:
+@pytest.fixture(scope="session")
+def app_hosts() -> Iterator[AppHosts]:
+    """Loopback servers shared by the session's tests: a test mounts its own app on one."""
+    hosts = AppHosts()
+    yield hosts
+    hosts.close()
+
+
+@pytest.fixture(scope="module")
+def fake_upstream() -> Iterator[FakeUpstream]:
+    """The module's one fake upstream; tests reach it through ``fake`` (reset for each)."""
     with FakeUpstream.running() as upstream:
         yield upstream
+
+
+@pytest.fixture
+def fake(fake_upstream: FakeUpstream) -> FakeUpstream:
+    """The module's fake upstream, as new: no script, no records, the default replies.
+    A module needing other defaults overrides this with ``fake_upstream.reset(...)``."""
+    fake_upstream.reset()
+    return fake_upstream
 
 
 @pytest.fixture(params=["sqlite", "redis"])
@@ -118,7 +135,7 @@ def agents_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def make_proxy(
-    fake: FakeUpstream, store_url: str, agents_dir: Path
+    fake: FakeUpstream, store_url: str, agents_dir: Path, app_hosts: AppHosts
 ) -> Iterator[Callable[..., RunningProxy]]:
     running: list[RunningProxy] = []
 
@@ -131,15 +148,14 @@ def make_proxy(
             **overrides,
         )
         app = create_app(settings)
-        server = ThreadedServer(app).start()
-        proxy = RunningProxy(server, app.state.services)
+        proxy = RunningProxy(app_hosts.borrow(app), app.state.services)
         running.append(proxy)
         return proxy
 
     yield make
     for proxy in running:
         proxy.close_clients()
-        proxy.server.stop()
+        app_hosts.give_back(proxy.server)
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import openai
-from servers import ThreadedServer
+from servers import AppHost
 
 from proxy.services import Services
 from strategies.records import LoadSpec, SessionKey, SessionSnapshot, StoredMessage
@@ -17,9 +17,10 @@ CLIENT_KEY = "sk-client-key-1"
 
 
 class RunningProxy:
-    """A proxy served on loopback, with helpers to look into its store."""
+    """A proxy served on loopback (on a shared ``AppHost``), with helpers to look into its
+    store."""
 
-    def __init__(self, server: ThreadedServer, services: Services) -> None:
+    def __init__(self, server: AppHost, services: Services) -> None:
         self.server = server
         self.services = services
         # closed at teardown: a client left to the cyclic GC may have its socket finalized

@@ -290,10 +290,13 @@ class FakeUpstream:
         self.models_list = list(models)
         self.default_reply = default_reply
         self.count_tokens = count_tokens
+        self._defaults = (default_reply, count_tokens)
         self.host = host
         self.port = port
         self.disconnected = threading.Event()  # set at every client disconnect mid-reply
         self._lock = threading.Lock()
+        self._settled = threading.Condition(self._lock)  # notified when no request is in flight
+        self._in_flight = 0
         self._requests: deque[RecordedRequest] = deque(maxlen=max_records)
         self._script: deque[Reply] = deque()
         self._disconnects = 0
@@ -314,12 +317,24 @@ class FakeUpstream:
         with self._lock:
             self._script.extend(replies)
 
-    def reset(self) -> None:
-        """Forget the script, the recorded requests and the disconnects."""
-        with self._lock:
+    def reset(
+        self,
+        *,
+        default_reply: Callable[[dict[str, Any]], Reply] | None = None,
+        count_tokens: Callable[[dict[str, Any]], int] | None = None,
+        timeout: float = 15.0,
+    ) -> None:
+        """Make a running fake as new, for the next test: wait (up to ``timeout``) for the
+        replies still in flight, then forget the script, the recorded requests and the
+        disconnects; ``default_reply`` and ``count_tokens`` go back to the constructor's
+        unless given here."""
+        with self._settled:
+            self._settled.wait_for(lambda: self._in_flight == 0, timeout)
             self._script.clear()
             self._requests.clear()
             self._disconnects = 0
+            self.default_reply = default_reply or self._defaults[0]
+            self.count_tokens = count_tokens or self._defaults[1]
         self.disconnected.clear()
 
     @property
@@ -349,6 +364,17 @@ class FakeUpstream:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
+        with self._lock:
+            self._in_flight += 1
+        try:
+            await self._handle(scope, receive, send)
+        finally:
+            with self._settled:
+                self._in_flight -= 1
+                if not self._in_flight:
+                    self._settled.notify_all()
+
+    async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         chunks = []
         more = True
         while more:
