@@ -101,8 +101,13 @@ class AppHost:
         return self._server.base
 
     @property
+    def thread(self) -> threading.Thread:
+        """The thread the server and the mounted app run on."""
+        return self._server.thread
+
+    @property
     def alive(self) -> bool:
-        return self._server.thread.is_alive()
+        return self.thread.is_alive()
 
     def call(self, coro: Any, timeout: float = 10) -> Any:
         return self._server.call(coro, timeout)
@@ -160,7 +165,7 @@ class AppHost:
         self._state = await started
         self._app = app
 
-    async def _stop(self, timeout: float) -> None:
+    async def _stop(self, grace: float) -> None:
         if self._lifespan is None:
             return
         # as a server's graceful stop: idle keep-alive connections close now, busy ones
@@ -169,7 +174,7 @@ class AppHost:
             connection.shutdown()
         assert self._idle is not None
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(grace):
                 await self._idle.wait()
         self._app = None
         task, stop = self._lifespan
