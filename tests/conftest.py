@@ -153,6 +153,7 @@ def make_proxy(
         return proxy
 
     yield make
+    fake.release()  # a held reply would keep the proxy's shutdown waiting
     for proxy in running:
         proxy.close_clients()
         app_hosts.give_back(proxy.server)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -71,3 +73,18 @@ class RunningProxy:
 
 def write_agent(directory: Path, name: str, **definition: Any) -> None:
     (directory / f"{name}.json").write_text(json.dumps({"name": name, **definition}))
+
+
+def wait_for(condition: Callable[[], object], *, timeout: float = 10.0, fail: bool = True
+             ) -> bool:
+    """Wait until ``condition()`` holds, checking every 10 ms: True as soon as it does. At
+    the deadline, an ``AssertionError`` (or False, with ``fail=False``: for "this does not
+    happen within ``timeout``")."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() >= deadline:
+            if fail:
+                raise AssertionError(f"not within {timeout} s: {condition}")
+            return False
+        time.sleep(0.01)
+    return True

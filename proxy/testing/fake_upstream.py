@@ -98,16 +98,24 @@ class Reply:
     delay_between_chunks: float = 0.0
     cut_after_chunks: int | None = None
     linger: float = 0.0  # seconds a stream stays open after `data: [DONE]`
+    until: threading.Event | None = None  # held before the first token until this is set
+
+    @property
+    def held(self) -> bool:
+        return self.until is not None and not self.until.is_set()
 
     @classmethod
     def text(
         cls, text: str, *, delay_between_chunks: float = 0.0, first_token_delay: float = 0.0,
         finish_reason: str = "stop", usage: dict[str, int] | None = None, linger: float = 0.0,
+        until: threading.Event | None = None,
     ) -> Reply:
-        """Assistant text; streamed one word per chunk."""
+        """Assistant text; streamed one word per chunk. With ``until``, the reply waits
+        (headers sent) until the test sets that event: a reply "still being written" for as
+        long as the test needs, with no fixed delay (``FakeUpstream.release`` frees all)."""
         return cls(content=text, finish_reason=finish_reason, usage=usage,
                    first_token_delay=first_token_delay,
-                   delay_between_chunks=delay_between_chunks, linger=linger)
+                   delay_between_chunks=delay_between_chunks, linger=linger, until=until)
 
     @classmethod
     def tool_calls(
@@ -299,6 +307,7 @@ class FakeUpstream:
         self._in_flight = 0
         self._requests: deque[RecordedRequest] = deque(maxlen=max_records)
         self._script: deque[Reply] = deque()
+        self._gates: list[threading.Event] = []  # the ``until`` events of replies served
         self._disconnects = 0
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -317,6 +326,15 @@ class FakeUpstream:
         with self._lock:
             self._script.extend(replies)
 
+    def release(self) -> None:
+        """Set the ``until`` event of every reply served or queued: nothing stays held
+        (a test that failed while a reply was held must not hang the proxy's shutdown)."""
+        with self._lock:
+            gates = [*self._gates, *(r.until for r in self._script if r.until is not None)]
+            self._gates.clear()
+        for gate in gates:
+            gate.set()
+
     def reset(
         self,
         *,
@@ -328,6 +346,7 @@ class FakeUpstream:
         replies still in flight, then forget the script, the recorded requests and the
         disconnects; ``default_reply`` and ``count_tokens`` go back to the constructor's
         unless given here."""
+        self.release()
         with self._settled:
             self._settled.wait_for(lambda: self._in_flight == 0, timeout)
             self._script.clear()
@@ -415,8 +434,11 @@ class FakeUpstream:
             headers = [(b"content-type", reply.content_type.encode())]
             await _respond(send, reply.status, headers, reply.raw_body)
             return
+        if reply.until is not None:
+            with self._lock:
+                self._gates.append(reply.until)
         if not (reply.first_token_delay > 0 or reply.delay_between_chunks > 0
-                or reply.linger > 0 or reply.cut_after_chunks is not None):
+                or reply.linger > 0 or reply.cut_after_chunks is not None or reply.held):
             # instant: one write, no disconnect watcher (the benchmarks' common case)
             stream, data = instant_reply(reply, body, self.count_tokens(body))
             await _respond(send, 200, _SSE if stream else _JSON, data)
@@ -441,7 +463,8 @@ class FakeUpstream:
     async def _complete_slowly(self, rendered: _Reply, gone: asyncio.Event, send: Send) -> None:
         data = rendered.completion()
         reply = rendered.reply
-        if await _sleep_unless(gone, reply.first_token_delay):
+        if await _hold_unless(gone, reply.until) or await _sleep_unless(
+                gone, reply.first_token_delay):
             return
         if reply.cut_after_chunks is not None:
             await send({"type": "http.response.start", "status": 200,
@@ -459,7 +482,8 @@ class FakeUpstream:
         await send({"type": "http.response.start", "status": 200, "headers": _SSE})
         if reply.cut_after_chunks is not None:
             events = events[: reply.cut_after_chunks]
-        if await _sleep_unless(gone, reply.first_token_delay):
+        if await _hold_unless(gone, reply.until) or await _sleep_unless(
+                gone, reply.first_token_delay):
             return
         if reply.delay_between_chunks <= 0:
             await send({"type": "http.response.body", "body": b"".join(events),
@@ -538,6 +562,15 @@ async def _watch_disconnect(receive: Receive, gone: asyncio.Event) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
     gone.set()
+
+
+async def _hold_unless(gone: asyncio.Event, until: threading.Event | None) -> bool:
+    """Wait until ``until`` is set; True (at once) if the client disconnects meanwhile."""
+    while until is not None and not until.is_set():
+        if gone.is_set():
+            return True
+        await asyncio.sleep(0.005)
+    return gone.is_set()
 
 
 async def _sleep_unless(gone: asyncio.Event, delay: float) -> bool:
