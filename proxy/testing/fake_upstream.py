@@ -98,7 +98,7 @@ class Reply:
     delay_between_chunks: float = 0.0
     cut_after_chunks: int | None = None
     linger: float = 0.0  # seconds a stream stays open after `data: [DONE]`
-    until: threading.Event | None = None  # held before the first token until this is set
+    until: threading.Event | None = None  # the reply waits for this event (``Reply.text``)
 
     @property
     def held(self) -> bool:
@@ -111,8 +111,9 @@ class Reply:
         until: threading.Event | None = None,
     ) -> Reply:
         """Assistant text; streamed one word per chunk. With ``until``, the reply waits
-        (headers sent) until the test sets that event: a reply "still being written" for as
-        long as the test needs, with no fixed delay (``FakeUpstream.release`` frees all)."""
+        until the test sets that event (a stream sends its headers and role event first, a
+        completion its headers): a reply "still being written" for as long as the test
+        needs, with no fixed delay (``FakeUpstream.release`` frees all)."""
         return cls(content=text, finish_reason=finish_reason, usage=usage,
                    first_token_delay=first_token_delay,
                    delay_between_chunks=delay_between_chunks, linger=linger, until=until)
@@ -482,6 +483,10 @@ class FakeUpstream:
         await send({"type": "http.response.start", "status": 200, "headers": _SSE})
         if reply.cut_after_chunks is not None:
             events = events[: reply.cut_after_chunks]
+        if reply.held and events:
+            # the role event goes at once, as a model's first event does; the rest waits
+            await send({"type": "http.response.body", "body": events[0], "more_body": True})
+            events = events[1:]
         if await _hold_unless(gone, reply.until) or await _sleep_unless(
                 gone, reply.first_token_delay):
             return

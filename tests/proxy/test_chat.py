@@ -494,7 +494,8 @@ def test_a_turn_that_ends_while_others_are_under_way_may_share_their_commit(prox
     proxy.client("helper", "alone").chat.completions.create(model="gpt-4o", messages=user)
     assert hints == {"alone": False}
 
-    fake.queue(Reply.text("slow", first_token_delay=2.0))  # under way all through "fast"
+    fast_done = threading.Event()
+    fake.queue(Reply.text("slow", until=fast_done))  # under way all through "fast"
     fake.queue(Reply.text("fast"))
     seen = len(fake.chat_requests)
     slow_client = proxy.client("helper", "slow")
@@ -506,6 +507,7 @@ def test_a_turn_that_ends_while_others_are_under_way_may_share_their_commit(prox
     while len(fake.chat_requests) == seen and time.monotonic() < deadline:
         time.sleep(0.005)
     proxy.client("helper", "fast").chat.completions.create(model="gpt-4o", messages=user)
+    fast_done.set()
     slow.join(5)
     # the fast turn ended while the slow one waited for its reply
     assert hints["alone"] is False and hints["fast"] is True and "slow" in hints
