@@ -33,7 +33,11 @@ def free_port() -> int:
 class ThreadedServer:
     def __init__(self, app: Any, port: int | None = None, *, lifespan: str = "on",
                  interface: str = "auto") -> None:
-        self.port = port or free_port()
+        # bound here, handed to uvicorn: no other process can take the port meanwhile
+        self.socket = socket.socket()
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.socket.bind(("127.0.0.1", port or 0))
+        self.port = int(self.socket.getsockname()[1])
         config = uvicorn.Config(
             app, host="127.0.0.1", port=self.port, log_level="warning", lifespan=lifespan,
             access_log=False, interface=interface,  # type: ignore[arg-type]
@@ -45,7 +49,7 @@ class ThreadedServer:
     def _run(self) -> None:
         self.loop = asyncio.new_event_loop()
         asyncio.set_event_loop(self.loop)
-        self.loop.run_until_complete(self.server.serve())
+        self.loop.run_until_complete(self.server.serve(sockets=[self.socket]))
         self.loop.close()
 
     @property
