@@ -25,6 +25,37 @@ from proxy.testing.fake_upstream import FakeUpstream
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
+
+def _share_the_default_tls_context() -> None:
+    """Every httpx client (the openai SDK's, on httpx or its fork httpx2) builds a TLS
+    context from a CA bundle, about 20 ms each, though the suite speaks plain HTTP on
+    loopback: clients made with the default ``verify`` share one per bundle. Any other
+    ``verify``/``cert`` builds its own as before."""
+    import importlib
+
+    for name in ("httpx._transports.default", "httpx2._transports.default"):
+        try:
+            transports = importlib.import_module(name)
+        except ImportError:
+            continue
+        build = transports.create_ssl_context
+        shared: dict[tuple[str | None, str | None], Any] = {}
+
+        def create_ssl_context(verify: Any = True, cert: Any = None, trust_env: bool = True,
+                               *, build: Any = build, shared: dict[Any, Any] = shared) -> Any:
+            if verify is not True or cert is not None:
+                return build(verify, cert, trust_env)
+            bundle = (os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR")) \
+                if trust_env else (None, None)
+            if bundle not in shared:
+                shared[bundle] = build(verify, cert, trust_env)
+            return shared[bundle]
+
+        transports.create_ssl_context = create_ssl_context
+
+
+_share_the_default_tls_context()
+
 _real_connect = socket.socket.connect
 _real_connect_ex = socket.socket.connect_ex
 _real_getaddrinfo = socket.getaddrinfo
