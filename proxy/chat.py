@@ -94,20 +94,16 @@ class ChatApp:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         services: Services = scope["app"].state.services
-        services.chats_under_way += 1
         try:
-            try:
-                reply = await chat_completions(services, ChatCall.from_scope(scope, receive))
-            except ProxyError as exc:
-                await send_error(send, exc)
-                return
-            except Exception:
-                logger.exception("unexpected error on POST %s", scope.get("path"))
-                await send_server_error(send)
-                return
-            await reply.send(send, receive)
-        finally:
-            services.chats_under_way -= 1
+            reply = await chat_completions(services, ChatCall.from_scope(scope, receive))
+        except ProxyError as exc:
+            await send_error(send, exc)
+            return
+        except Exception:
+            logger.exception("unexpected error on POST %s", scope.get("path"))
+            await send_server_error(send)
+            return
+        await reply.send(send, receive)
 
 
 chat_app = ChatApp()

@@ -98,25 +98,10 @@ async def persist_turn(
     )
     await parts.store_parts(services, turn.key, turn.blobs)
     try:
-        result = await services.store.append_turn(
-            turn.key, write, with_others=services.chats_under_way > 1
-        )
+        result = await services.store.append_turn(turn.key, write)
     except StoreUnavailable as exc:
         raise StoreUnavailableError(f"memory store unavailable: {exc}") from exc
     for record, seq in zip(records, result.seqs, strict=False):
         record.seq = seq
     turn.appended = records
-    if not turn.sync.rewind:
-        services.sessions.after_append(
-            turn.key,
-            turn.spec,
-            turn.snapshot,
-            records,
-            write.compressed,
-            result.meta.version,
-            result.meta.head_chain,
-            # a window the proxy changed after the strategy chose it (media blocks settled
-            # on its items) is not the strategy's to extend
-            (turn.context, turn.window) if turn.window.extendable and not turn.settled else None,
-        )
     return result

@@ -11,7 +11,6 @@ from typing import Any
 
 from proxy.agents import AgentRegistry
 from proxy.auth import FailedAttempts
-from proxy.session_cache import SessionCache
 from proxy.settings import Settings
 from proxy.upstream.base import Upstream
 from storage.base import Store
@@ -39,14 +38,9 @@ class Services:
     # the last upstream headers per session, in memory only, for background summaries
     credentials: OrderedDict[SessionKey, dict[str, str]] = field(default_factory=OrderedDict)
     summarizer_budget: Any = None
-    # sessions kept decoded between turns
-    sessions: SessionCache = field(default_factory=lambda: SessionCache(0))
     started: bool = False
     # failed admin authentications per client address (proxy/auth.py)
     admin_failures: FailedAttempts = field(default_factory=lambda: FailedAttempts(10))
-    # chat requests being served: with others under way, a turn's append may share their
-    # commit (Store.append_turn's with_others)
-    chats_under_way: int = 0
 
     def remember_credentials(self, key: SessionKey, headers: dict[str, str]) -> None:
         self.credentials[key] = headers

@@ -55,7 +55,6 @@ async def delete_session(request: Request) -> Response:
             services, params["agent"], params["session"], request.query_params.get("namespace")
         )
         existed = await services.store.delete_session(key)
-        services.sessions.drop_session(key)
     except StoreUnavailable as exc:
         raise StoreUnavailableError(f"memory store unavailable: {exc}") from exc
     services.credentials.pop(key, None)

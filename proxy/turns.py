@@ -154,39 +154,15 @@ async def load_snapshot(
 async def load_session(
     services: Services, key: SessionKey, spec: LoadSpec, resent: history_sync.Fingerprints | None
 ) -> SessionSnapshot:
-    """``Store.load`` through the process's session cache: when the session is unchanged
-    since this process last held it, only its head is read; when it only grew (turns
-    served by another worker or replica), only the messages appended since.
-
-    A resent history (a full-history client's, ``resent``) is matched against the stored
-    log: by the store, with the chains of every message (``probe``), or here, against a
-    cached page that holds every active message, mostly without fingerprinting what the
-    client resends unchanged."""
-    cache = services.sessions
-    store = services.store
+    """``Store.load``: the page, and where a resent history (a full-history client's,
+    ``resent``) meets the stored log (``probe``: the chains of every message). The store
+    is the process's ``CachedStore`` (storage/cached.py): an unchanged session's page comes
+    from memory."""
+    probe = resent.probe() if resent is not None else []
     try:
-        known = cache.known(key, spec)
-        if resent is not None and known is not None and cache.holds_all(key, spec):
-            snapshot = await store.load(
-                key, spec, known_version=known.version, known_head=known.head_seq
-            )
-            if cache.fill(key, spec, snapshot, known) and (
-                len(snapshot.messages) == snapshot.meta.active_count
-            ):
-                snapshot.matched, snapshot.matched_seq = history_sync.match_page(
-                    resent, snapshot.messages
-                )
-                return snapshot
-            known = None  # grown past the page meanwhile (rare): the store matches
-        probe = resent.probe() if resent is not None else []
-        version, head = (known.version, known.head_seq) if known else (None, None)
-        snapshot = await store.load(key, spec, probe=probe, known_version=version, known_head=head)
-        if not cache.fill(key, spec, snapshot, known):
-            snapshot = await store.load(key, spec, probe=probe)
-            cache.fill(key, spec, snapshot)
+        return await services.store.load(key, spec, probe=probe)
     except StoreUnavailable as exc:
         raise StoreUnavailableError(f"memory store unavailable: {exc}") from exc
-    return snapshot
 
 
 async def read_before(
@@ -241,8 +217,6 @@ async def prepare_turn(
     fingerprints = history_sync.Fingerprints(
         conversation, history_sync.RESENT if resends else None
     )
-    # a session this process did not hold has not had its texts counted here
-    held = services.sessions.known(key, get_strategy(agent.config.kind).load_spec(agent.config))
     agent, strategy, spec, snapshot = await load_snapshot(
         services, key, agent, fingerprints if resends else None, model
     )
@@ -274,8 +248,8 @@ async def prepare_turn(
     blobs: dict[str, parts.PartBlob] = {}
     # a large input (a long text to tokenize, media to decode and hash) is read on a
     # thread: the event loop serves every other request meanwhile
-    heavy = requests.is_large([conversation[i] for i in sync.new]) or (
-        held is None and any(m.tokens >= LARGE_TOKENS for m in stored)
+    heavy = requests.is_large([conversation[i] for i in sync.new]) or any(
+        m.tokens >= LARGE_TOKENS for m in stored
     )
 
     def records() -> list[StoredMessage]:
@@ -322,10 +296,6 @@ async def prepare_turn(
         current_turn_start=start,
         count_tokens=cached_counter(model),
         calibration=meta.calibration or 1.0,
-        # this process's own decision for its last turn on the session, if it has it and
-        # the session only grew since: the strategy may extend that window (its checks
-        # say whether it can)
-        previous=services.sessions.decision(key, spec, meta.version),
     )
     # pure, and cheap once the input is counted; the first cut of a large text (a list of
     # parts, counted joined) may still tokenize it
