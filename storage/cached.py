@@ -25,6 +25,7 @@ used first out.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -170,15 +171,12 @@ class CachedStore:
             return
         spec = slot[1]
         start = {"all": 0, "boundary": meta.boundary_seq + 1, "turn": meta.last_user_seq}
-        messages = [
-            m for m in (*with_stubs(page.messages, write.compressed or {}), *appended)
-            if m.seq >= start[spec.since]
-        ]
-        kept = tuple(messages[-spec.limit :]) if spec.limit > 0 else ()
-        self._put(slot, Page(
-            meta.version, meta.head_chain, kept, page.summaries,
-            estimated_bytes(kept) + _key_bytes(slot[0]),
-        ))  # fmt: skip
+        messages = (*with_stubs(page.messages, write.compressed or {}), *appended)
+        # the page starts at the spec's start and holds at most its limit, the newest
+        first = bisect_left(messages, start[spec.since], key=_seq)
+        first = max(first, len(messages) - spec.limit) if spec.limit > 0 else len(messages)
+        size = page.size + estimated_bytes(appended) - estimated_bytes(messages[:first])
+        self._put(slot, Page(meta.version, meta.head_chain, messages[first:], page.summaries, size))
 
     async def set_compressed(self, key: SessionKey, stubs: dict[int, str | None]) -> None:
         try:
@@ -301,6 +299,10 @@ class CachedStore:
         self, key: SessionKey, digests: Sequence[str]
     ) -> dict[str, tuple[bytes, str]]:
         return await self.store.get_parts(key, digests)
+
+
+def _seq(message: StoredMessage) -> int:
+    return message.seq
 
 
 def _key_bytes(key: SessionKey) -> int:
