@@ -9,10 +9,10 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.admin.auth import FailedAttempts
 from proxy.agents import AgentRegistry
-from proxy.auth import FailedAttempts
 from proxy.settings import Settings
-from proxy.upstream.base import Upstream
+from proxy.upstreams.base import Upstream
 from storage.base import Store
 from storage.parts import PartContentReader
 from strategies.mapper import LlmMessageMapper
@@ -39,7 +39,7 @@ class Services:
     credentials: OrderedDict[SessionKey, dict[str, str]] = field(default_factory=OrderedDict)
     summarizer_budget: Any = None
     started: bool = False
-    # failed admin authentications per client address (proxy/auth.py)
+    # failed admin authentications per client address (proxy/admin/auth.py)
     admin_failures: FailedAttempts = field(default_factory=lambda: FailedAttempts(10))
 
     def remember_credentials(self, key: SessionKey, headers: dict[str, str]) -> None:

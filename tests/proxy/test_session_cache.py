@@ -12,7 +12,7 @@ import pytest
 from e2e import RunningProxy, write_agent
 from summarizing_support import MODEL, sized
 
-from proxy.fake_upstream import Reply
+from proxy.testing.fake_upstream import Reply
 from storage.cached import CachedStore, estimated_bytes
 from strategies.records import LoadSpec
 

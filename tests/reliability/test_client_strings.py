@@ -15,9 +15,9 @@ from e2e import CLIENT_KEY, RunningProxy
 from reliability_support import is_openai_error, report
 
 from proxy import model_info
-from proxy.fake_upstream import FakeUpstream
-from proxy.identity import namespace_for
-from proxy.limits import MAX_IDENTIFIER_CHARS
+from proxy.http.limits import MAX_IDENTIFIER_CHARS
+from proxy.testing.fake_upstream import FakeUpstream
+from proxy.turn.identity import namespace_for
 from storage.cached import CachedStore
 from strategies import tokens
 from strategies.records import LoadSpec, SessionKey, SessionMeta, SessionSnapshot, StoredMessage
