@@ -11,7 +11,9 @@ system prompts in ``sqlite_prompts.py``.
 
 One thread rather than aiosqlite (the same design: a thread per connection behind a
 queue): aiosqlite hops to its thread and back for every statement and fetch, where a job
-here is a whole call, a load or an append of several statements, in one hop.
+here is a whole call, a load or an append of several statements, in one hop. Measured on
+a cached turn's load (three statements): 42-50 us of CPU through aiosqlite, 21 us as one
+job here.
 """
 
 from __future__ import annotations
