@@ -181,3 +181,33 @@ async def test_agents_are_listed_by_their_latest_turn_from_the_activity_index(
     finally:
         direct.close()
     assert listed == expected and len(listed) == 3
+
+
+async def test_a_session_stored_with_fields_of_an_earlier_version_loads_and_grows(
+    tmp_path: Path,
+) -> None:
+    """A meta written by an earlier version (with ``rewrite_version``, which this one no
+    longer keeps) is read, and the next append continues its version."""
+    url = f"sqlite:///{tmp_path}/earlier.db"
+    store = SqliteStore(url)
+    await store.open()
+    written = await store.append_turn(KEY, TurnWrite(messages=[message("before")]))
+    await store.close()
+    with sqlite3.connect(tmp_path / "earlier.db") as conn:
+        conn.execute(
+            "UPDATE sessions SET meta = json_set(meta, '$.rewrite_version', ?)",
+            (written.meta.version,),
+        )
+    reopened = SqliteStore(url)
+    await reopened.open()
+    try:
+        loaded = await reopened.load(KEY, LoadSpec())
+        assert [m.content for m in loaded.messages] == ["before"]
+        assert loaded.meta.version == written.meta.version
+        grown = await reopened.append_turn(KEY, TurnWrite(messages=[message("after")]))
+        assert grown.meta.version == written.meta.version + 1
+        assert [m.content for m in (await reopened.load(KEY, LoadSpec())).messages] == [
+            "before", "after"
+        ]
+    finally:
+        await reopened.close()
