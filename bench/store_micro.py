@@ -7,8 +7,9 @@ plus a range read when a paged window needs older messages. Two scenarios:
 the way the proxy does for a session it served before, then appends a user message and a
 reply (with the model and calibration every turn writes). This checkout's proxy loads
 through the session cache (``storage/cached.py``: the store answers with the head while
-the version is unchanged); a baseline without it (an earlier commit) passes
-``load(known_version=...)``, its own cache's precondition.
+the version is unchanged); a baseline without it (an earlier commit) goes through its
+own ``proxy/session_cache.py`` as its proxy did (``load(known_version=..., known_head=...)``,
+``fill``, ``after_append``).
 
 *cold*: one session of ``--cold-stored`` messages (10,000), each turn loads its page of
 500 (``LoadSpec(limit=500)``, no cache: another process served it last) and appends.
@@ -111,6 +112,11 @@ async def _measure(
     await counting.open()
     store: Any = counting
     cached = _loader(store)
+    old_cache: Any = None
+    if cached is None:
+        from proxy.session_cache import SessionCache  # the baseline's
+
+        old_cache = SessionCache(256 << 20)
     spec = LoadSpec(limit=500, since="all")
     run = os.urandom(4).hex()
     keys = [SessionKey("ns-bench", "bench", f"s-{run}-{i}") for i in range(sessions)]
@@ -141,11 +147,20 @@ async def _measure(
                 raise AssertionError("the load did not return the session's page")
             await cached.append_turn(key, write)
             return
-        snapshot = await store.load(key, spec, probe=[], known_version=versions[key])
-        if not snapshot.unchanged:
-            raise AssertionError("the load read messages: the known version did not match")
+        # the baseline's proxy: its session cache's known version and head, its fill and
+        # its after_append (proxy/turns.py load_session, proxy/persist.py)
+        known = old_cache.known(key, spec)
+        snapshot = await store.load(
+            key, spec, probe=[], known_version=known.version if known else None,
+            known_head=known.head_seq if known else None,
+        )
+        if not old_cache.fill(key, spec, snapshot, known) or len(snapshot.messages) < stored_count:
+            raise AssertionError("the load did not return the session's page")
         result = await store.append_turn(key, write)
-        versions[key] = result.meta.version
+        for record, seq in zip(write.messages, result.seqs, strict=True):
+            record.seq = seq
+        old_cache.after_append(key, spec, snapshot, write.messages, write.compressed,
+                               result.meta.version, result.meta.head_chain)
 
     for index in range(200):  # warm: script cache, statement cache, pages, the cache
         await turn(index)
