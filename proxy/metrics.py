@@ -83,7 +83,7 @@ def render() -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_session_cache(sessions: CachedStore | object) -> str:
+def render_session_cache(sessions: object) -> str:
     """The session cache's counters, when the store is behind one (storage/cached.py)."""
     if not isinstance(sessions, CachedStore):
         return ""
