@@ -10,7 +10,7 @@ from proxy.agents import ResolvedAgent
 from proxy.errors import NotFound, StoreUnavailableError
 from proxy.services import Services
 from proxy.turn import parts, prompt_cache
-from proxy.turn.turns import current_turn_start, load_snapshot, resolve_agent, stored_context
+from proxy.turn.load import current_turn_start, load_snapshot, resolve_agent, stored_context
 from storage.base import StoreUnavailable
 from strategies import media
 from strategies.base import Window, WindowContext

@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from proxy.admin import agents_view
-from proxy.admin.auth import TooManyAttempts, admitted, client_address, require_admin, token_matches
+from proxy.admin.auth import admitted, client_address, require_admin, token_matches
 from proxy.admin.forms import AgentForm, FormError, input_for
 from proxy.admin.inspect import find_session, inspect_session
 from proxy.admin.rendering import agent_url, render
@@ -29,7 +29,7 @@ from proxy.admin.security import (
 )
 from proxy.admin.transcript import page_params, transcript_view
 from proxy.background.compact import compact
-from proxy.errors import BadRequest, ProxyError, Unauthorized
+from proxy.errors import BadRequest, ProxyError, TooManyAttempts, Unauthorized
 from proxy.http.requests import read_body
 from proxy.metrics import inc
 from proxy.services import Services

@@ -15,19 +15,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from proxy.admin.auth import require_admin
-from proxy.errors import NotFound, ProxyError, StoreUnavailableError
+from proxy.errors import AmbiguousSession, NotFound, StoreUnavailableError
 from proxy.http.responses import json_response
 from proxy.services import Services
 from storage.base import StoreUnavailable
 from strategies.records import SessionKey
 
 PATH = "/admin/api/agents/{agent}/sessions/{session}"
-
-
-class AmbiguousSession(ProxyError):
-    status_code = 409
-    error_type = "conflict_error"
-    code = "session_ambiguous"
 
 
 async def session_key(services: Services, agent: str, session: str, namespace: str | None

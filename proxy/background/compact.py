@@ -8,18 +8,12 @@ from starlette.responses import Response
 from proxy.admin.auth import require_admin
 from proxy.admin.inspect import inspect_session, requested_session
 from proxy.background.summarizer import SummarizerBusy, SummarizerError, run_plan
-from proxy.errors import ProxyError, StoreUnavailableError
+from proxy.errors import CompactConflict, StoreUnavailableError
 from proxy.http.responses import json_response
 from proxy.services import Services
-from proxy.turn.turns import load_snapshot, resolve_agent, stored_context
+from proxy.turn.load import load_snapshot, resolve_agent, stored_context
 from storage.base import StoreUnavailable
 from strategies.records import SessionKey
-
-
-class CompactConflict(ProxyError):
-    status_code = 409
-    error_type = "conflict_error"
-    code = "compaction_not_possible"
 
 
 async def compact(services: Services, key: SessionKey) -> dict[str, object]:
