@@ -210,6 +210,10 @@ class UpstreamTimeout(UpstreamError):
     code = "upstream_timeout"
 
 
+# what a handler catches to render as a ProxyError (through ``as_proxy_error``)
+RENDERED = (ProxyError, StoreUnavailable)
+
+
 def as_proxy_error(exc: BaseException) -> ProxyError | None:
     """The one seam where errors of the layers below become the proxy's: the store's
     ``StoreUnavailable`` is a 503 with Retry-After. None for anything unexpected."""
@@ -220,3 +224,11 @@ def as_proxy_error(exc: BaseException) -> ProxyError | None:
         error.__cause__ = exc
         return error
     return None
+
+
+def proxy_error(exc: BaseException) -> ProxyError:
+    """``exc`` (one of ``RENDERED``) as the ProxyError to render."""
+    error = as_proxy_error(exc)
+    if error is None:
+        raise exc
+    return error
