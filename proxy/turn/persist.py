@@ -111,6 +111,5 @@ async def persist_turn(
             write.compressed,
             result.meta.version,
             result.meta.head_chain,
-            None,
         )
     return result
