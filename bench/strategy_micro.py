@@ -2,9 +2,9 @@
 
 Every proxied turn runs the agent's strategy over the loaded history and renders the
 window (the select and render steps of proxy/turn/pipeline.py). This times exactly those
-two calls, in process, on contexts built the way a turn builds them: stored messages with seqs and tokens as the
-store holds them (``populate.history``), the new user message last, the model's cached
-counter as ``count_tokens``.
+two calls, in process, on contexts built the way a turn builds them: stored messages
+with seqs and tokens as the store holds them (``populate.history``), the new user
+message last, the model's cached counter as ``count_tokens``.
 
     python bench/strategy_micro.py                   # this checkout
     python bench/strategy_micro.py --baseline DIR    # side by side with DIR/strategies
