@@ -38,7 +38,7 @@ import _paths  # noqa: F401  (the repository's packages)
 import httpx
 import orjson
 
-from proxy.testing.fake_upstream import FakeUpstream, Reply
+from proxy.testing.fake_upstream import FakeUpstream, Reply, default_usage
 from proxy.turn.cache_hints import anthropic_breakpoints
 from strategies.summary_prompt import SUMMARY_INSTRUCTION_LEAD, SUMMARY_SYSTEM_PROMPT
 from strategies.tokens import count_message, count_text
@@ -175,9 +175,9 @@ def agent_reply(turns: list[ScriptTurn]) -> Callable[[dict[str, Any]], Reply]:
             return Reply.text(f"Summary {n}: the agent works through the repository turn by "
                               "turn, reading files and running tests. " * 12)
         scored = cache.score(body, summarizer=False)
-        return dataclasses.replace(answer(body), usage={
-            "prompt_tokens": scored.tokens, "completion_tokens": 20,
-            "total_tokens": scored.tokens + 20,
+        reply = answer(body)
+        return dataclasses.replace(reply, usage={
+            **default_usage(reply, prompt_tokens(body)),
             "prompt_tokens_details": {"cached_tokens": scored.openai_cached}})
 
     def answer(body: dict[str, Any]) -> Reply:

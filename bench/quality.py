@@ -51,7 +51,7 @@ import httpx
 import orjson
 from conversations import Conversation, generate, read_locomo
 
-from proxy.testing.fake_upstream import FakeUpstream, Reply
+from proxy.testing.fake_upstream import FakeUpstream, Reply, default_usage
 from proxy.turn.identity import namespace_for
 from strategies.compression import content_text
 from strategies.records import LoadSpec, SessionKey, StoredMessage
@@ -166,10 +166,10 @@ class Upstream:
         reply = self.replies.popleft() if self.replies else Reply.text("OK.")
         if not self.reports_cache:
             return reply
-        prompt = sum(size for _, size in sized) + 3
-        return dataclasses.replace(reply, usage={  # as a provider with a prompt cache reports
-            "prompt_tokens": prompt, "completion_tokens": 5, "total_tokens": prompt + 5,
-            "prompt_tokens_details": {"cached_tokens": cached}})
+        usage = default_usage(reply, sum(size for _, size in sized) + 3)
+        # as a provider with a prompt cache reports it
+        return dataclasses.replace(reply, usage={
+            **usage, "prompt_tokens_details": {"cached_tokens": cached}})
 
     def _score(self, sized: list[tuple[bytes, int]]) -> int:
         total = sum(size for _, size in sized) + 3

@@ -15,7 +15,7 @@ import httpx
 import openai
 from e2e import ADMIN_TOKEN
 
-from proxy.testing.fake_upstream import FakeUpstream, RecordedRequest, Reply
+from proxy.testing.fake_upstream import FakeUpstream, RecordedRequest, Reply, default_usage
 from strategies.summary_prompt import is_summarizer_request
 from strategies.tokens import count_message, count_text
 
@@ -70,10 +70,9 @@ class ScriptedModel:
                     break
                 shared += 1
             self._previous = sent
-        prompt = prompt_tokens(messages)
         cached = sum(count_message(m, MODEL) for m in messages[:shared])
         return dataclasses.replace(reply, usage={
-            "prompt_tokens": prompt, "completion_tokens": 5, "total_tokens": prompt + 5,
+            **default_usage(reply, prompt_tokens(messages)),
             "prompt_tokens_details": {"cached_tokens": cached}})
 
     def _answer(self, body: dict[str, Any]) -> Reply:
