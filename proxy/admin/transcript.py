@@ -24,7 +24,7 @@ from proxy.errors import RENDERED, BadRequest, NotFound, proxy_error
 from proxy.http.responses import json_response
 from proxy.services import Services
 from proxy.turn.prompt_cache import CACHE_META
-from strategies import media
+from strategies import media, native
 from strategies.compression import content_text
 from strategies.records import LoadSpec, LogPage, SessionKey, StoredMessage, SummaryRecord
 
@@ -54,12 +54,17 @@ def named_parts(message: StoredMessage) -> list[dict[str, Any]]:
 
 
 def record_text(message: StoredMessage, parts: list[dict[str, Any]]) -> str:
-    """The original content as text, each media part as its named line."""
+    """The original content as text, each media part as its named line, each native part
+    (strategies/native.py) as the line naming it."""
     if not isinstance(message.content, list):
         return content_text(message.content)
     lines = iter(part["line"] for part in parts)
     return "\n".join(
-        next(lines) if media.is_media(part) else content_text([part])
+        next(lines)
+        if media.is_media(part)
+        else native.describe(part)
+        if native.is_native(part)
+        else content_text([part])
         for part in message.content
     )
 
