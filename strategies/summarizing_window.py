@@ -136,6 +136,40 @@ def window_anchor(messages: Sequence[StoredMessage]) -> int | None:
     return None
 
 
+# the reply's prompt-cache reading (proxy/turn/prompt_cache.py writes it on the reply's
+# record): ``{"prompt", "cached", "written"}`` tokens
+CACHE_META = "cache"
+# how many of the latest replies ``stablePrefix: "auto"`` looks at for a cache reading
+CACHE_EVIDENCE_REPLIES = 32
+
+
+def upstream_caches(messages: Sequence[StoredMessage]) -> bool:
+    """True when one of the latest replies (``CACHE_EVIDENCE_REPLIES``) reports cached or
+    written prompt-cache tokens: the upstream keeps a prompt cache for this session."""
+    seen = 0
+    for message in reversed(messages):
+        if message.role != "assistant":
+            continue
+        cache = message.meta.get(CACHE_META) if message.meta else None
+        if isinstance(cache, dict) and any(
+            isinstance(cache.get(k), int) and cache[k] > 0 for k in ("cached", "written")
+        ):
+            return True
+        seen += 1
+        if seen >= CACHE_EVIDENCE_REPLIES:
+            return False
+    return False
+
+
+def stable_prefix(config: SummarizingWindowConfig, messages: Sequence[StoredMessage]) -> bool:
+    """Whether this turn's window keeps a stable prefix: ``stablePrefix`` true or false as
+    set; ``"auto"`` (the default) once the upstream has reported prompt caching on this
+    session, since a stable prefix only pays where a cache reads it."""
+    if config.stablePrefix == "auto":
+        return upstream_caches(messages)
+    return bool(config.stablePrefix)
+
+
 def held_start(
     messages: Sequence[StoredMessage], live: Sequence[StoredMessage], turn: int
 ) -> int:
@@ -166,12 +200,9 @@ class SummarizingWindowStrategy:
         prompt, the summary and every unsummarized loaded message as rendered (stored stubs,
         the message cap), calibrated. Trimming comes after, since compression may make more
         history fit."""
-        if ctx.previous is not None:
-            extended = self._extended(ctx, *ctx.previous)
-            if extended is not None:
-                return extended
         config: SummarizingWindowConfig = ctx.config  # type: ignore[assignment]
         context_window, calibration = ctx.context_window, ctx.calibration
+        stable = stable_prefix(config, ctx.messages)
         summary, fixed, start, sizes, shaped = self._live(ctx)
         live = ctx.messages[start:]
         turn = min(max(ctx.current_turn_start - start, 0), len(live))
@@ -186,8 +217,8 @@ class SummarizingWindowStrategy:
         limit = round(config.maxConversationRatio * context_window, 6)
         # stablePrefix: the window starts no earlier than the last one did (``held``) and
         # changes only when it reaches the budget; compression joins that change
-        held = held_start(ctx.messages, live, turn) if config.stablePrefix else 0
-        overflow = not config.stablePrefix or (fixed + sum(sizes[held:])) * calibration > limit
+        held = held_start(ctx.messages, live, turn) if stable else 0
+        overflow = not stable or (fixed + sum(sizes[held:])) * calibration > limit
         stubs: dict[int, str] = {}
         if pressure and overflow and config.compressToolResults:
             stubs = choose_compressions(
@@ -211,7 +242,7 @@ class SummarizingWindowStrategy:
         fits = bool(
             live
             and not held
-            and not (config.stablePrefix and overflow)  # then trimmed to the target
+            and not (stable and overflow)  # then trimmed to the target
             and not live_total * calibration > limit
             and calibration >= 0
             and min(sizes) >= 0
@@ -226,7 +257,7 @@ class SummarizingWindowStrategy:
             if overflow:
                 # the spec trims just below the budget; a stable prefix trims further, to
                 # trimTargetShare of it, so that the next turns fit without a change
-                target = limit * config.trimTargetShare if config.stablePrefix else limit
+                target = limit * config.trimTargetShare if stable else limit
                 keep_from = fit_sizes(
                     sizes, units, turn, fixed=fixed, limit=target, calibration=calibration
                 )
@@ -256,72 +287,6 @@ class SummarizingWindowStrategy:
             new_stubs=stubs,
             tokens=total,
             notes=notes,
-            extendable=(extendable := fits and not notes and not ctx.summaries),
-            largest_item=max(sizes) if extendable else -1,
-        )
-
-    def _extended(
-        self, ctx: WindowContext, previous: WindowContext, window: Window
-    ) -> Window | None:
-        """The previous window and the messages appended since, when that is the window
-        ``select`` chooses: the previous one kept every message as stored (``extendable``:
-        it fit, with nothing cut, compressed or summarized), the same records start this
-        context, chosen under the same settings, and the new messages are plain (no tool
-        unit: ``make_valid`` has nothing to repair; no stub; within the message cap) and
-        still fit without compression pressure. The calibration may have moved (every
-        reply brings a new one): the cap moves with it, so the kept items are checked
-        against it then. O(new messages) otherwise: the stored ones are not looked at
-        again. None when it is not that window."""
-        count = len(previous.messages)
-        messages = ctx.messages
-        config: SummarizingWindowConfig = ctx.config  # type: ignore[assignment]
-        if (
-            not window.extendable
-            or len(window.items) != count
-            or not count
-            or len(messages) <= count
-            or ctx.summaries
-            or ctx.context_window != previous.context_window
-            or ctx.system_tokens != previous.system_tokens
-            or ctx.count_tokens is not previous.count_tokens
-            or (config is not previous.config and config != previous.config)
-            or messages[:count] != previous.messages  # the same records: identity first
-        ):
-            return None
-        appended = messages[count:]
-        context_window, calibration = ctx.context_window, ctx.calibration
-        cap, _cut = message_cap(config, context_window, calibration)
-        largest = window.largest_item
-        if calibration != previous.calibration:
-            if calibration < 0:
-                return None
-            if cap < message_cap(config, context_window, previous.calibration)[0]:
-                if largest < 0:
-                    largest = max([item.tokens for item in window.items])
-                if largest > cap:
-                    return None  # the cap went down: a kept message would be truncated now
-        total = window.tokens
-        for message in appended:
-            if (
-                message.role == "tool"
-                or message.tool_calls
-                or message.compressed_content is not None
-                or not 0 <= message.tokens <= cap
-            ):
-                return None
-            total += message.tokens
-        if exceeds(total, config.maxConversationRatio, context_window, calibration) or (
-            config.compressToolResults
-            and not config.stablePrefix  # a stable prefix compresses at a trim only
-            and exceeds(total, config.compressWhenWindowAboveRatio, context_window, calibration)
-        ):
-            return None
-        return Window(
-            items=[*window.items, *[WindowItem(m, m.tokens) for m in appended]],
-            summary_placement=config.summaryPlacement,
-            tokens=total,
-            extendable=True,
-            largest_item=max(largest, *[m.tokens for m in appended]) if largest >= 0 else -1,
         )
 
     def _live(

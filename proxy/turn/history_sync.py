@@ -17,6 +17,7 @@ import orjson
 
 from proxy.errors import BadRequest
 from proxy.http.limits import check_message_identifiers
+from strategies import native
 from strategies.records import StoredMessage, chain_hash
 
 SYSTEM_ROLES = ("system", "developer")
@@ -108,6 +109,9 @@ def split_system(
 
 
 def _canonical_content(content: Any) -> Any:
+    # native parts (an API's own blocks) are not part of what makes the message the same:
+    # a client of another API resends it without them
+    content = native.without(content)
     if content is None or content == "":
         return ""
     if isinstance(content, str):

@@ -20,9 +20,7 @@ import math
 from collections.abc import Sequence
 
 from proxy.agents import ResolvedAgent
-from proxy.errors import StoreUnavailableError
 from proxy.services import Services
-from storage.base import StoreUnavailable
 from strategies.base import CountTokens
 from strategies.compression import stub_tokens
 from strategies.records import LoadSpec, SessionKey, SessionSnapshot, StoredMessage
@@ -62,8 +60,8 @@ async def fill_page(
     context_window: int,
     count_tokens: CountTokens,
 ) -> None:
-    """Grow (or cut) ``snapshot.messages`` to the window's budget, in place, and hand the
-    new page to the session cache. Nothing for a spec that is not paged."""
+    """Grow (or cut) ``snapshot.messages`` to the window's budget, in place. Nothing for
+    a spec that is not paged."""
     messages = snapshot.messages
     if spec.fill_ratio is None or spec.since != "all" or not messages or spec.limit <= 0:
         return
@@ -100,7 +98,6 @@ async def fill_page(
     if not cut and not grown:
         return
     snapshot.messages = messages[cut:]
-    services.sessions.repaged(key, spec, snapshot)
 
 
 async def fill_for(
@@ -117,11 +114,8 @@ async def fill_for(
         return
     if model is None:
         model = snapshot.meta.model or agent.definition.llm.model or ""
-    try:
-        await fill_page(
-            services, key, spec, snapshot,
-            context_window=agent.context_window(model, services.settings.default_context_window),
-            count_tokens=cached_counter(model),
-        )
-    except StoreUnavailable as exc:
-        raise StoreUnavailableError(f"memory store unavailable: {exc}") from exc
+    await fill_page(
+        services, key, spec, snapshot,
+        context_window=agent.context_window(model, services.settings.default_context_window),
+        count_tokens=cached_counter(model),
+    )
