@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from storage import sqlite_prompts, sqlite_search
+from storage import sqlite_prompts, sqlite_responses, sqlite_search
 from storage.base import StoreUnavailable
 from storage.codec import encode_message, message_from_body
 from storage.sqlite_heads import Heads, Stored
@@ -35,6 +35,7 @@ from strategies.records import (
     AppendResult,
     LoadSpec,
     LogPage,
+    ResponseRef,
     SessionInfo,
     SessionKey,
     SessionMeta,
@@ -353,6 +354,21 @@ class SqliteStore:
         # on the store's thread: catching up the index of a long session takes a while
         return await self._on_thread(search)
 
+    async def find_response(self, key: SessionKey, response_id: str) -> ResponseRef | None:
+        def read(conn: sqlite3.Connection) -> ResponseRef | None:
+            stored = _read_session(conn, _ids(key))
+            return sqlite_responses.find(conn, stored[2], response_id) if stored else None
+
+        return await self._submit(read)
+
+    async def forget_response(self, key: SessionKey, response_id: str) -> bool:
+        def forget(conn: sqlite3.Connection) -> bool:
+            with _Transaction(conn):
+                stored = _read_session(conn, _ids(key))
+                return sqlite_responses.forget(conn, stored[2], response_id) if stored else False
+
+        return await self._submit(forget)
+
     async def set_calibration(self, key: SessionKey, value: float) -> None:
         def update(conn: sqlite3.Connection) -> None:
             with _Transaction(conn):
@@ -396,6 +412,7 @@ class SqliteStore:
                 stored = _read_session(conn, _ids(key))
                 if stored is not None:
                     sqlite_search.unindex(conn, stored[2])
+                    sqlite_responses.delete_session(conn, stored[2])
                 conn.execute(f"DELETE FROM messages WHERE {SESSION}", _ids(key))
                 conn.execute(f"DELETE FROM turn_writes WHERE {SESSION}", _ids(key))
                 for table in ("summaries", "locks", "system_prompts", "session_parts"):
@@ -464,7 +481,9 @@ class SqliteStore:
         conn = _open_connection(
             self.path, busy_timeout_ms=THREAD_BUSY_TIMEOUT_MS, checkpoints=True
         )
-        conn.executescript(SCHEMA + sqlite_prompts.SCHEMA + sqlite_search.SCHEMA)
+        conn.executescript(
+            SCHEMA + sqlite_prompts.SCHEMA + sqlite_search.SCHEMA + sqlite_responses.SCHEMA
+        )
         _add_activity(conn)
         _number_sessions(conn)
         _scope_parts(conn)
@@ -1139,6 +1158,7 @@ def _append_rows(
             [(stub or None, sid, seq) for seq, stub in write.compressed.items()],
         )
     first = meta.head_seq + 1
+    sqlite_responses.record(conn, sid, write, first, now)
     if write.write_id:
         written_at = int(conn.execute(
             "INSERT INTO turn_writes (sid, write_id, first_seq) VALUES (?, ?, ?)",
