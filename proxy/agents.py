@@ -31,6 +31,9 @@ class LlmSpec(BaseModel):
     contextWindow: int | None = Field(default=None, gt=0)
     capabilities: list[Literal["image", "document", "audio"]] | None = None
     summarizerModel: str | None = None
+    # the API the agent's upstream is called with: "chat" (chat completions), "responses"
+    # (OpenAI's Responses API), "messages" (Anthropic's); unset: each surface's default
+    api: Literal["chat", "responses", "messages"] | None = None
 
 
 class ToolRef(BaseModel):

@@ -28,7 +28,7 @@ from proxy.requests import parse_json_object
 from proxy.services import Services
 from proxy.streaming import NOT_A_COMPLETION, ReplyAccumulator, add_stream_event, completion_of
 from proxy.turns import Turn, prepare_turn, resolve_agent
-from proxy.upstream.base import UpstreamRequest, UpstreamStream
+from proxy.upstream.base import Upstream, UpstreamRequest, UpstreamStream
 
 logger = logging.getLogger("memory_proxy.chat")
 
@@ -186,18 +186,22 @@ async def forward(
     client_wants_usage: bool = True,
     offered: builtin_tools.Offered | None = None,
     receive: Receive | None = None,
+    upstream: Upstream | None = None,
 ) -> BodyReply | StreamReply:
     """With ``receive``, a client that disconnects while the upstream is still thinking
-    cancels the call (nothing is stored)."""
+    cancels the call (nothing is stored). ``upstream``: another than the services' (the
+    Responses API surface's choice)."""
+    upstream = upstream or services.upstream
     if not streaming:
-        response = await unless_disconnected(receive, services.upstream.chat(upstream_request))
+        response = await unless_disconnected(receive, upstream.chat(upstream_request))
         if turn is None:  # a plain pass-through: the upstream's body as it came
             media_type = response.headers.get("content-type") or "application/json"
             return BodyReply(response.status_code, response.body, {}, media_type.encode())
         usage = None
         if offered is not None:
             response, usage = await unless_disconnected(
-                receive, builtin_tools.complete(services, offered, upstream_request, response)
+                receive,
+                builtin_tools.complete(services, offered, upstream_request, response, upstream),
             )
         accumulator = ReplyAccumulator()
         # a 200 that is not a completion is the upstream's error, and nothing is stored
@@ -211,9 +215,9 @@ async def forward(
             headers["x-memory-cached-tokens"] = str(cache["cached"])
         return BodyReply(response.status_code, response.body, headers)
 
-    stream = await unless_disconnected(receive, services.upstream.chat_stream(upstream_request))
+    stream = await unless_disconnected(receive, upstream.chat_stream(upstream_request))
     if offered is not None and turn is not None:
-        stream = FetchStream(services, offered, upstream_request, stream)
+        stream = FetchStream(services, offered, upstream_request, stream, upstream)
     return StreamReply(
         relay(services, stream, turn, client_wants_usage, upstream_request.headers),
         {**SSE_HEADERS, **(turn.headers if turn is not None else {})},

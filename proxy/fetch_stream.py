@@ -29,7 +29,7 @@ from proxy.builtin_tools import (
     next_body,
 )
 from proxy.services import Services
-from proxy.upstream.base import SSEEvent, UpstreamRequest, UpstreamStream
+from proxy.upstream.base import SSEEvent, Upstream, UpstreamRequest, UpstreamStream
 
 __all__ = ["FetchStream"]
 
@@ -152,6 +152,7 @@ class FetchStream:
         offered: Offered,
         request: UpstreamRequest,
         first: UpstreamStream,
+        upstream: Upstream | None = None,
     ) -> None:
         self.status_code = first.status_code
         self.headers = first.headers
@@ -159,6 +160,7 @@ class FetchStream:
         self.offered = offered
         self.request = request
         self.stream = first
+        self.upstream = upstream or services.upstream
         self.rounds = 0
         self.memory_usage: dict[str, Any] | None = None
         self._events: AsyncGenerator[SSEEvent, None] | None = None
@@ -216,7 +218,7 @@ class FetchStream:
                         self.rounds)
             body = next_body(self.request.body, messages, self.rounds, self.offered)
             await self.stream.aclose()
-            self.stream = await self.services.upstream.chat_stream(
+            self.stream = await self.upstream.chat_stream(
                 UpstreamRequest(body, self.request.headers)
             )
 

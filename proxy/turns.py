@@ -77,6 +77,11 @@ class Turn:
     window_meta: dict[str, Any] = field(default_factory=dict)
     # the tool definitions as sent upstream (the summarizer may send them again)
     tools: Any = None
+    # a Responses API response id stored with the turn's write, and what the reply's
+    # record keeps in its meta besides the message (proxy/surfaces/responses.py; a
+    # callable value is given the reply's usage)
+    response_id: str | None = None
+    reply_extra: dict[str, Any] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
 
     @property
@@ -226,7 +231,11 @@ async def prepare_turn(
     conversation: list[dict[str, Any]],
     history_header: str | None,
     retry: sync_plan.RetryHint | None = None,
+    branch_at: int | None = None,
 ) -> Turn:
+    """``branch_at``: the conversation continues from the stored message with this seq
+    (a Responses API ``previous_response_id``): the active messages after it are
+    superseded, as a rewind to it."""
     key = SessionKey(identity.namespace, identity.agent, identity.session)
     await wait_for_compaction(services, key)
     agent = resolve_agent(services, identity.agent)
@@ -255,6 +264,8 @@ async def prepare_turn(
         sync = sync_plan.plan_sync(
             mode, fingerprints, snapshot, retry, [*earlier, *snapshot.messages]
         )
+    if branch_at is not None and branch_at < snapshot.meta.head_seq:
+        sync = sync_plan.branch(sync, branch_at, snapshot.meta.head_seq, len(conversation))
     stored = snapshot.messages
     if sync.rewind:
         stored = [m for m in stored if m.seq <= sync.keep_through]

@@ -1,0 +1,1 @@
+"""Client-facing API surfaces: each wire protocol's request and reply shapes."""

@@ -1,0 +1,342 @@
+"""Responses API items and the chat-format records they are stored as, both ways.
+
+A Responses conversation is a list of items; the store holds chat-format messages
+(strategies/records.py), so every strategy, compression, eviction and the built-in tools
+work on it unchanged:
+
+- ``message`` items become messages of their role (``input_text``/``output_text`` as text
+  parts, ``input_image`` as ``image_url``, ``input_file`` as ``file``).
+- The items of one model reply (``reasoning``, assistant ``message``, ``function_call``,
+  built-in tool calls) become one assistant message: text and native parts in order in
+  its content, ``function_call`` items as its ``tool_calls``.
+- ``function_call_output`` becomes a ``tool`` message.
+- ``reasoning`` items (with their ``encrypted_content``), built-in tool call items and
+  anything else the chat format has no place for are native parts
+  (``{"type": "native", "api": "responses", "item": ...}``, see strategies/native.py):
+  kept byte-exact with their turn and sent back only to a Responses upstream. The output
+  item of a built-in call sent by the client (``computer_call_output``, ...) is a user
+  message holding it as a native part.
+
+``to_items`` renders a window (chat messages) back into input items.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from proxy.errors import BadRequest
+
+__all__ = [
+    "API",
+    "chat_tool_calls",
+    "is_native",
+    "native_part",
+    "parse_input",
+    "strip_native",
+    "to_items",
+]
+
+API = "responses"
+NATIVE = "native"
+# what a model's reply holds besides text and function calls: kept as native parts
+REPLY_ITEMS = frozenset({
+    "reasoning", "web_search_call", "file_search_call", "computer_call",
+    "code_interpreter_call", "image_generation_call", "local_shell_call", "mcp_call",
+    "mcp_list_tools", "mcp_approval_request", "custom_tool_call", "shell_call",
+    "apply_patch_call",
+})
+INPUT_ROLES = ("user", "system", "developer", "assistant")
+
+
+def native_part(item: dict[str, Any]) -> dict[str, Any]:
+    return {"type": NATIVE, "api": API, "item": item}
+
+
+def is_native(part: Any) -> bool:
+    return isinstance(part, dict) and part.get("type") == NATIVE
+
+
+def strip_native(content: Any) -> Any:
+    """``content`` without native parts (for an upstream that is not a Responses API):
+    a list left with text parts only becomes their joined text, an empty one None."""
+    if not isinstance(content, list) or not any(is_native(p) for p in content):
+        return content
+    rest = [p for p in content if not is_native(p)]
+    if not rest:
+        return None
+    if all(isinstance(p, dict) and p.get("type") == "text" for p in rest):
+        return "".join(str(p.get("text", "")) for p in rest)
+    return rest
+
+
+# ---- request items -> chat-format messages ----
+
+
+def _text_of(part: dict[str, Any], param: str) -> str:
+    text = part.get("text")
+    if not isinstance(text, str):
+        raise BadRequest(f"{param}.text must be a string", param=param)
+    return text
+
+
+def _content_part(part: Any, param: str) -> dict[str, Any]:
+    if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+        raise BadRequest(f"{param} must be an object with a string type", param=param)
+    kind = part["type"]
+    if kind in ("input_text", "output_text", "text"):
+        return {"type": "text", "text": _text_of(part, param)}
+    if kind == "refusal":
+        refusal = part.get("refusal")
+        return {"type": "text", "text": refusal if isinstance(refusal, str) else ""}
+    if kind == "input_image":
+        url = part.get("image_url")
+        if isinstance(url, str) and url:
+            image: dict[str, Any] = {"url": url}
+            if isinstance(part.get("detail"), str) and part["detail"] != "auto":
+                image["detail"] = part["detail"]
+            return {"type": "image_url", "image_url": image}
+        if not isinstance(part.get("file_id"), str):
+            raise BadRequest(f"{param}: input_image needs an image_url or a file_id", param=param)
+        return native_part(part)  # a file the upstream holds: only it can read it
+    if kind == "input_file":
+        data = part.get("file_data")
+        if isinstance(data, str) and data:
+            file: dict[str, Any] = {"file_data": data}
+            if isinstance(part.get("filename"), str):
+                file["filename"] = part["filename"]
+            return {"type": "file", "file": file}
+        if isinstance(part.get("file_id"), str):
+            return {"type": "file", "file": {"file_id": part["file_id"]}}
+        if isinstance(part.get("file_url"), str):
+            return native_part(part)
+        raise BadRequest(
+            f"{param}: input_file needs file_data, a file_id or a file_url", param=param
+        )
+    if kind == "input_audio":
+        return {"type": "input_audio", "input_audio": part.get("input_audio")}
+    return native_part(part)
+
+
+def _content(content: Any, param: str) -> Any:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise BadRequest(f"{param} must be a string or an array", param=param)
+    parts = [_content_part(p, f"{param}[{i}]") for i, p in enumerate(content)]
+    if parts and all(p["type"] == "text" for p in parts) and len(parts) == 1:
+        return parts[0]["text"]
+    return parts
+
+
+def _output_text(output: Any, param: str) -> Any:
+    """A function call's output: a string, or a list of input content parts."""
+    if isinstance(output, str):
+        return output
+    if isinstance(output, list):
+        return _content(output, param)
+    raise BadRequest(f"{param} must be a string or an array", param=param)
+
+
+class _Reply:
+    """The assistant message being built from one run of reply items."""
+
+    def __init__(self) -> None:
+        self.content: list[dict[str, Any]] = []
+        self.calls: list[dict[str, Any]] = []
+
+    def message(self) -> dict[str, Any]:
+        content: Any = self.content
+        if not any(is_native(p) for p in content):
+            texts = [p.get("text", "") for p in content if p.get("type") == "text"]
+            content = "".join(texts) if texts else None
+        elif not content:
+            content = None
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if self.calls:
+            message["tool_calls"] = self.calls
+        elif content is None:
+            message["content"] = ""
+        return message
+
+
+def parse_input(value: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The request's ``input`` as chat messages: ``(system, conversation)``, where
+    ``system`` is the leading system/developer messages (the session's system prompt)."""
+    if isinstance(value, str):
+        return [], [{"role": "user", "content": value}]
+    if not isinstance(value, list):
+        raise BadRequest("'input' must be a string or an array of items", param="input")
+    messages: list[dict[str, Any]] = []
+    reply: _Reply | None = None
+
+    def close() -> None:
+        nonlocal reply
+        if reply is not None:
+            messages.append(reply.message())
+            reply = None
+
+    for index, item in enumerate(value):
+        param = f"input[{index}]"
+        if not isinstance(item, dict):
+            raise BadRequest(f"{param} must be an object", param=param)
+        kind = item.get("type", "message" if "role" in item else None)
+        if kind == "message":
+            role = item.get("role")
+            if role not in INPUT_ROLES:
+                raise BadRequest(
+                    f"{param}.role must be one of {', '.join(INPUT_ROLES)}; got {role!r}",
+                    param=f"{param}.role",
+                )
+            content = _content(item.get("content"), f"{param}.content")
+            if role == "assistant":
+                reply = reply or _Reply()
+                if isinstance(content, str):
+                    reply.content.append({"type": "text", "text": content})
+                else:
+                    reply.content.extend(content)
+                continue
+            close()
+            messages.append({"role": role, "content": content})
+        elif kind == "function_call":
+            call_id, name = item.get("call_id"), item.get("name")
+            arguments = item.get("arguments", "")
+            if not isinstance(call_id, str) or not isinstance(name, str):
+                raise BadRequest(f"{param}: function_call needs a call_id and a name", param=param)
+            if not isinstance(arguments, str):
+                raise BadRequest(f"{param}.arguments must be a string", param=param)
+            reply = reply or _Reply()
+            reply.calls.append(
+                {"id": call_id, "type": "function",
+                 "function": {"name": name, "arguments": arguments}}
+            )
+        elif kind == "function_call_output":
+            close()
+            call_id = item.get("call_id")
+            if not isinstance(call_id, str):
+                raise BadRequest(f"{param}: function_call_output needs a call_id", param=param)
+            messages.append({
+                "role": "tool", "tool_call_id": call_id,
+                "content": _output_text(item.get("output"), f"{param}.output"),
+            })
+        elif kind == "item_reference":
+            raise BadRequest(
+                f"{param}: item_reference is not supported; send the item itself",
+                param=param, code="unsupported_item",
+            )
+        elif isinstance(kind, str) and (kind in REPLY_ITEMS or not kind.endswith("_output")):
+            reply = reply or _Reply()
+            reply.content.append(native_part(item))
+        elif isinstance(kind, str):
+            close()  # a built-in call's output, sent by the client
+            messages.append({"role": "user", "content": [native_part(item)]})
+        else:
+            raise BadRequest(f"{param}.type must be a string", param=f"{param}.type")
+    close()
+    cut = 0
+    while cut < len(messages) and messages[cut]["role"] in ("system", "developer"):
+        cut += 1
+    return messages[:cut], messages[cut:]
+
+
+def chat_tool_calls(calls: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``function_call`` items as chat tool calls."""
+    return [
+        {"id": c.get("call_id"), "type": "function",
+         "function": {"name": c.get("name", ""), "arguments": c.get("arguments", "")}}
+        for c in calls
+    ]
+
+
+# ---- chat-format messages -> input items ----
+
+
+def _input_part(part: Any, role: str) -> dict[str, Any] | None:
+    if not isinstance(part, dict):
+        return None
+    kind = part.get("type")
+    if kind == "text":
+        text = part.get("text", "")
+        if role == "assistant":
+            return {"type": "output_text", "text": text, "annotations": []}
+        return {"type": "input_text", "text": text}
+    if kind == "image_url":
+        image = part.get("image_url") or {}
+        url = image.get("url") if isinstance(image, dict) else image
+        out = {"type": "input_image", "image_url": url, "detail": "auto"}
+        if isinstance(image, dict) and image.get("detail"):
+            out["detail"] = image["detail"]
+        return out
+    if kind == "file":
+        file = part.get("file") or {}
+        out = {"type": "input_file"}
+        for name in ("file_data", "file_id", "filename"):
+            if file.get(name):
+                out[name] = file[name]
+        return out
+    if kind == "input_audio":
+        return {"type": "input_audio", "input_audio": part.get("input_audio")}
+    return {"type": "input_text", "text": str(part.get("text", ""))} if "text" in part else None
+
+
+def _message_item(role: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"type": "message", "role": role, "content": parts}
+
+
+def _content_items(role: str, content: Any) -> list[dict[str, Any]]:
+    """A message's content as items: runs of parts as message items, native parts as
+    their item."""
+    if content is None or content == "":
+        return []
+    if isinstance(content, str):
+        if role == "assistant":
+            return [_message_item(role, [_input_part({"type": "text", "text": content}, role)])]
+        return [_message_item(role, [{"type": "input_text", "text": content}])]
+    items: list[dict[str, Any]] = []
+    run: list[dict[str, Any]] = []
+    for part in content if isinstance(content, list) else ():
+        if is_native(part):
+            if part.get("api") != API:
+                continue  # another API's block: not for this upstream
+            if run:
+                items.append(_message_item(role, run))
+                run = []
+            item = part.get("item")
+            if isinstance(item, dict) and item.get("type") in ("input_image", "input_file"):
+                run.append(item)  # a content part the upstream holds (file_id, file_url)
+            elif isinstance(item, dict):
+                items.append(item)
+            continue
+        converted = _input_part(part, role)
+        if converted is not None:
+            run.append(converted)
+    if run:
+        items.append(_message_item(role, run))
+    return items
+
+
+def to_items(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Chat-format messages (a rendered window) as Responses input items."""
+    items: list[dict[str, Any]] = []
+    for message in messages:
+        role = message.get("role")
+        if role == "tool":
+            content = message.get("content")
+            if isinstance(content, list):
+                parts = [_input_part(p, "user") for p in content if not is_native(p)]
+                output: Any = [p for p in parts if p is not None]
+            else:
+                output = "" if content is None else content
+            items.append(
+                {"type": "function_call_output", "call_id": message.get("tool_call_id"),
+                 "output": output}
+            )
+            continue
+        items.extend(_content_items(str(role), message.get("content")))
+        for call in message.get("tool_calls") or ():
+            function = call.get("function") or {}
+            items.append({
+                "type": "function_call", "call_id": call.get("id"),
+                "name": function.get("name", ""), "arguments": function.get("arguments", ""),
+            })
+    return items

@@ -1,0 +1,1 @@
+"""Test doubles and demos: the fake upstream and the demo script."""

@@ -1,0 +1,1 @@
+"""Upstream clients: the port (``base``) and its implementations."""
