@@ -58,12 +58,12 @@ from strategies.records import (
     AppendResult,
     LoadSpec,
     LogPage,
+    ResponseRef,
     SessionInfo,
     SessionKey,
     SessionMeta,
     SessionSnapshot,
     StoredMessage,
-    ResponseRef,
     SummaryRecord,
     TurnWrite,
 )
