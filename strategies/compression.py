@@ -19,6 +19,7 @@ from typing import Any
 
 from strategies.base import CountTokens, WindowItem, rough_tokens
 from strategies.config import SummarizingWindowConfig, ToolResultEviction
+from strategies.native import NATIVE
 from strategies.records import StoredMessage
 from strategies.tokens import TOKENS_PER_MESSAGE, TOKENS_PER_NAME
 
@@ -36,7 +37,8 @@ def exceeds(tokens: float, ratio: float, context_window: int, calibration: float
 
 
 def content_text(content: Any) -> str:
-    """The text of an OpenAI ``content`` value; media parts become a bracketed placeholder."""
+    """The text of an OpenAI ``content`` value; media parts become a bracketed placeholder,
+    native parts are left out."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -52,6 +54,9 @@ def content_text(content: Any) -> str:
                 lines.append(str(part.get("text") or ""))
             elif kind == "refusal":
                 lines.append(str(part.get("refusal") or ""))
+            elif kind == NATIVE:
+                # an API's own block (strategies/native.py): never text of a stub or summary
+                continue
             else:
                 lines.append(f"[{kind or 'part'}]")
     return "\n".join(lines)

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from strategies import media
+from strategies import media, native
 from strategies.base import Window, WindowItem
 from strategies.summary_prompt import render_summary
 
@@ -21,12 +21,15 @@ from strategies.summary_prompt import render_summary
 @dataclass(slots=True)
 class MappingContext:
     """What rendering needs besides the window: the target model, the media kinds it reads,
-    where the current turn starts (seq), and media bytes preloaded by the proxy."""
+    where the current turn starts (seq), media bytes preloaded by the proxy, and the API
+    the messages go to (``api``: native parts of other APIs are removed, see
+    ``strategies/native.py``; ``"chat"`` removes them all)."""
 
     model: str = ""
     capabilities: frozenset[str] = frozenset()
     current_turn_seq: int = 0
     parts: Mapping[str, tuple[bytes, str]] = field(default_factory=dict)
+    api: str = "chat"
 
 
 class LlmMessageMapper(Protocol):
@@ -106,6 +109,15 @@ class MessageToLlmMessageMapper:
     def map_item(self, item: WindowItem, context: MappingContext) -> dict[str, Any]:
         message = item.message
         content: Any = item.text if item.text is not None else message.content
+        if item.text is not None and native.has_native(message.content):
+            # a shrunk message keeps its native parts (a thinking block stays with its turn)
+            rest = (
+                media.truncated_with_media(item.text, message.content)
+                if media.keeps_media(item)
+                else None
+            )
+            content = native.with_text(item.text, message.content, rest)
+        content = native.for_api(content, context.api)
         if message.role in ("system", "developer"):
             # a mid-conversation instruction: one system block stays first for strict providers
             return {"role": "user", "content": f"[system note]\n{_text(content)}"}

@@ -42,6 +42,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from strategies import native
 from strategies.media_info import (
     base64_size,
     decode_base64,
@@ -408,6 +409,8 @@ def part_views(message: StoredMessage, context: MappingContext) -> list[dict[str
 
 def describe_sent_part(part: Mapping[str, Any]) -> str:
     """One line naming a content part as it was sent (the working-memory view)."""
+    if native.is_native(part):
+        return native.describe(part)
     if not is_media(part):
         return f"[{part.get('type', 'part')}]"
     meta = part_meta(part, decode=True)

@@ -20,7 +20,7 @@ would otherwise cost hundreds of thousands of tokens):
   at 16 KB per second (128 kbit/s).
 
 The media rules live in ``strategies/media_tokens.py``. A stored part reference
-(``{"type": ..., "part": {...}}``, see ``proxy/parts.py``) carries the measured size, pages
+(``{"type": ..., "part": {...}}``, see ``proxy/turn/parts.py``) carries the measured size, pages
 or duration, so counting it reads no bytes.
 """
 
@@ -39,6 +39,7 @@ from typing import Any
 import tiktoken
 import tiktoken.registry
 
+from strategies import native
 from strategies.key_cache import short_key_cache
 from strategies.media_tokens import audio_tokens, document_tokens, image_tokens
 
@@ -269,6 +270,8 @@ def count_part(part: Any, model: str) -> int:
         return audio_tokens(part)
     if kind in ("file", "document"):
         return document_tokens(part)
+    if kind == native.NATIVE:
+        return native.count(part, lambda text: count_text(text, model))
     text = part.get("text")
     return count_text(text, model) if isinstance(text, str) else 0
 

@@ -29,8 +29,9 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from proxy import builtin_tools, cache_hints, limits, prompt_cache, sync_plan
-from proxy.asgi import (
+from proxy.errors import BadRequest, ProxyError
+from proxy.http import limits
+from proxy.http.asgi import (
     BodyReply,
     ChatCall,
     Receive,
@@ -40,13 +41,10 @@ from proxy.asgi import (
     send_error,
     send_server_error,
 )
-from proxy.chat import forward, forwarded_headers, upstream_body
-from proxy.errors import BadRequest, ProxyError
-from proxy.identity import Identity, _checked, client_key, identify, namespace_for
-from proxy.requests import parse_json_object
-from proxy.responses import json_response
+from proxy.http.requests import parse_json_object
+from proxy.http.responses import json_response
 from proxy.services import Services
-from proxy.sse import SSEParser
+from proxy.surfaces.chat import forward, forwarded_headers, upstream_body
 from proxy.surfaces.responses_reply import response_object, responses_usage
 from proxy.surfaces.responses_request import OPTIONS_KEY, ResponsesRequest, chat_body
 from proxy.surfaces.responses_state import (
@@ -55,9 +53,13 @@ from proxy.surfaces.responses_state import (
     new_response_id,
 )
 from proxy.surfaces.responses_stream import EventWriter, sse
-from proxy.turns import Turn, prepare_turn, resolve_agent, tools_tokens
-from proxy.upstream.base import Upstream, UpstreamRequest
+from proxy.tools import builtin as builtin_tools
+from proxy.turn import cache_hints, prompt_cache, sync_plan
+from proxy.turn.identity import Identity, _checked, client_key, identify, namespace_for
+from proxy.turn.turns import Turn, prepare_turn, resolve_agent, tools_tokens
+from proxy.upstreams.base import Upstream, UpstreamRequest
 from proxy.upstreams.responses_http import ResponsesUpstream, chat_request
+from proxy.upstreams.sse import SSEParser
 from strategies.records import ResponseRef
 from strategies.tokens import count_message
 
@@ -176,6 +178,7 @@ async def create_response(services: Services, call: ChatCall) -> BodyReply | Str
             history_header=history,
             retry=sync_plan.RetryHint.from_headers(call.headers),
             branch_at=ref.seq if ref is not None else None,
+            api="responses" if isinstance(upstream, ResponsesUpstream) else "chat",
         )
         turn.response_id = response_id if request.store else None
         turn.reply_extra = reply_extra(request, created_at, model)

@@ -12,7 +12,7 @@ work on it unchanged:
 - ``function_call_output`` becomes a ``tool`` message.
 - ``reasoning`` items (with their ``encrypted_content``), built-in tool call items and
   anything else the chat format has no place for are native parts
-  (``{"type": "native", "api": "responses", "item": ...}``, see strategies/native.py):
+  (``{"type": "native", "api": "responses", "item": ...}``, ``strategies/native.py``):
   kept byte-exact with their turn and sent back only to a Responses upstream. The output
   item of a built-in call sent by the client (``computer_call_output``, ...) is a user
   message holding it as a native part.
@@ -26,6 +26,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from proxy.errors import BadRequest
+from strategies import native
 
 __all__ = [
     "API",
@@ -33,12 +34,10 @@ __all__ = [
     "is_native",
     "native_part",
     "parse_input",
-    "strip_native",
     "to_items",
 ]
 
-API = "responses"
-NATIVE = "native"
+API = native.RESPONSES
 # what a model's reply holds besides text and function calls: kept as native parts
 REPLY_ITEMS = frozenset({
     "reasoning", "web_search_call", "file_search_call", "computer_call",
@@ -50,24 +49,10 @@ INPUT_ROLES = ("user", "system", "developer", "assistant")
 
 
 def native_part(item: dict[str, Any]) -> dict[str, Any]:
-    return {"type": NATIVE, "api": API, "item": item}
+    return native.part(native.RESPONSES, item)
 
 
-def is_native(part: Any) -> bool:
-    return isinstance(part, dict) and part.get("type") == NATIVE
-
-
-def strip_native(content: Any) -> Any:
-    """``content`` without native parts (for an upstream that is not a Responses API):
-    a list left with text parts only becomes their joined text, an empty one None."""
-    if not isinstance(content, list) or not any(is_native(p) for p in content):
-        return content
-    rest = [p for p in content if not is_native(p)]
-    if not rest:
-        return None
-    if all(isinstance(p, dict) and p.get("type") == "text" for p in rest):
-        return "".join(str(p.get("text", "")) for p in rest)
-    return rest
+is_native = native.is_native
 
 
 # ---- request items -> chat-format messages ----

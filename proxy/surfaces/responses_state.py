@@ -21,11 +21,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from proxy.errors import BadRequest, NotFound, StoreUnavailableError
-from proxy.identity import client_key, namespace_for
-from proxy.responses import json_response
+from proxy.http.responses import json_response
 from proxy.services import Services
 from proxy.surfaces.responses_items import to_items
 from proxy.surfaces.responses_reply import ECHOED, output_items
+from proxy.turn.identity import client_key, namespace_for
 from storage.base import StoreUnavailable
 from strategies.records import ResponseRef, SessionKey, StoredMessage
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from proxy.fake_upstream import (
+from proxy.testing.fake_upstream import (
     _JSON,
     _SSE,
     _WORDS,

@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 
 from proxy.errors import UpstreamStatusError
-from proxy.surfaces.responses_items import strip_native, to_items
+from proxy.surfaces.responses_items import to_items
 from proxy.surfaces.responses_reply import completion_from_response
 from proxy.surfaces.responses_request import (
     OPTIONS_KEY,
@@ -28,8 +28,9 @@ from proxy.surfaces.responses_request import (
     responses_tools,
 )
 from proxy.surfaces.responses_stream import ChunkReader
-from proxy.upstream.base import SSEEvent, UpstreamRequest, UpstreamResponse, UpstreamStream
-from proxy.upstream.openai_http import OpenAIUpstream
+from proxy.upstreams.base import SSEEvent, UpstreamRequest, UpstreamResponse, UpstreamStream
+from proxy.upstreams.openai_http import OpenAIUpstream
+from strategies import native
 
 __all__ = ["ResponsesUpstream", "chat_request", "responses_body"]
 
@@ -66,13 +67,11 @@ def chat_request(request: UpstreamRequest) -> UpstreamRequest:
     messages = []
     for message in body.get("messages") or ():
         content = message.get("content")
-        stripped = strip_native(content)
+        stripped = native.for_api(content, "chat")
         if stripped is not content:
+            if stripped == "" and message.get("role") == "user":
+                continue  # a built-in call's output alone: nothing a chat model reads
             message = {**message, "content": stripped}
-            if stripped is None and not message.get("tool_calls"):
-                if message.get("role") != "assistant":
-                    continue  # a built-in call's output alone: nothing a chat model reads
-                message["content"] = ""
         messages.append(message)
     body["messages"] = messages
     return UpstreamRequest(body, request.headers)

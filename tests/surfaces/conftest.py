@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from proxy.fake_upstream import FakeUpstream
 from proxy.testing.fake_responses import FakeResponsesUpstream
+from proxy.testing.fake_upstream import FakeUpstream
 
 
 @pytest.fixture(params=["responses-upstream", "chat-upstream"])

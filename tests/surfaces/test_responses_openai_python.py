@@ -9,8 +9,8 @@ from typing import Any
 import openai
 import pytest
 
-from proxy.fake_upstream import FakeUpstream, Reply
 from proxy.testing.fake_responses import FakeResponsesUpstream
+from proxy.testing.fake_upstream import FakeUpstream, Reply
 
 MODEL = "gpt-4o"
 TOOLS: list[Any] = [{
