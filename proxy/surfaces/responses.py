@@ -45,6 +45,7 @@ from proxy.http.requests import parse_json_object
 from proxy.http.responses import json_response
 from proxy.services import Services
 from proxy.surfaces.chat import forward, forwarded_headers, upstream_body
+from proxy.surfaces.responses_chain import branch_point
 from proxy.surfaces.responses_reply import response_object, responses_usage
 from proxy.surfaces.responses_request import OPTIONS_KEY, ResponsesRequest, chat_body
 from proxy.surfaces.responses_state import (
@@ -60,7 +61,7 @@ from proxy.turn.turns import Turn, prepare_turn, resolve_agent, tools_tokens
 from proxy.upstreams.base import Upstream, UpstreamRequest
 from proxy.upstreams.responses_http import ResponsesUpstream, chat_request
 from proxy.upstreams.sse import SSEParser
-from strategies.records import ResponseRef
+from strategies.records import ResponseRef, SessionKey
 from strategies.tokens import count_message
 
 __all__ = ["ResponsesApp", "input_tokens", "pick_upstream", "responses_app"]
@@ -169,15 +170,18 @@ async def create_response(services: Services, call: ChatCall) -> BodyReply | Str
         out = upstream_body(out, [*request.system, *request.conversation])
     else:
         history = "delta" if ref is not None else call.headers.get("x-memory-history")
+        branch_at, replay = (None, []) if ref is None else await branch_point(
+            services, SessionKey(identity.namespace, identity.agent, identity.session), ref
+        )
         turn = await prepare_turn(
             services,
             identity=identity,
             body=out,
             system=request.system,
-            conversation=request.conversation,
+            conversation=[*replay, *request.conversation],
             history_header=history,
             retry=sync_plan.RetryHint.from_headers(call.headers),
-            branch_at=ref.seq if ref is not None else None,
+            branch_at=branch_at,
             api="responses" if isinstance(upstream, ResponsesUpstream) else "chat",
         )
         turn.response_id = response_id if request.store else None
@@ -276,10 +280,13 @@ async def input_tokens(request: Request) -> Response:
     else:
         identity, ref = await session_identity(services, call, parsed)
         history = "delta" if ref is not None else call.headers.get("x-memory-history")
+        branch_at, replay = (None, []) if ref is None else await branch_point(
+            services, SessionKey(identity.namespace, identity.agent, identity.session), ref
+        )
         turn = await prepare_turn(
             services, identity=identity, body=out, system=parsed.system,
-            conversation=parsed.conversation, history_header=history,
-            branch_at=ref.seq if ref is not None else None,
+            conversation=[*replay, *parsed.conversation], history_header=history,
+            branch_at=branch_at,
         )
         messages, extra, model = turn.messages, turn.extra_tokens, turn.model
     counted = sum(count_message(m, model) for m in messages) + extra
