@@ -65,6 +65,9 @@ class _Round:
         self.last_index: int | None = None
         self.finish_reason: str | None = None
         self.usage: Any = None
+        # native parts (a Responses upstream's reasoning items), held to the round's end:
+        # those of a hidden round go with it (their call is never stored)
+        self.natives: list[dict[str, Any]] = []
 
     @property
     def hidden(self) -> bool:
@@ -268,13 +271,21 @@ class FetchStream:
             if self._continues(state):
                 choice["finish_reason"] = None
                 changed = True
-            elif state.hidden and finish == "tool_calls":
+            elif state.natives:
+                delta = choice.setdefault("delta", {})
+                delta["native"] = state.natives
+                changed = True
+            if not self._continues(state) and state.hidden and finish == "tool_calls":
                 choice["finish_reason"] = "stop"
                 changed = True
         return changed
 
     def _filter_delta(self, delta: dict[str, Any], state: _Round) -> bool:
         changed = False
+        natives = delta.pop("native", None)
+        if natives:
+            state.natives.extend(natives)
+            changed = True
         if self.rounds:
             # the client already has the role: a later round's opening adds nothing
             for name in ("role", "refusal", "content"):
