@@ -47,9 +47,10 @@ class Services:
     # chat requests being served: with others under way, a turn's append may share their
     # commit (Store.append_turn's with_others)
     chats_under_way: int = 0
-    # the Responses API adapter over the direct upstream, made on first use
+    # the Responses API adapters over the direct upstream by MEMORY_PROXY_RESPONSES_API
+    # choice ("auto" remembers an upstream without one), made on first use
     # (proxy/surfaces/responses.py pick_upstream)
-    responses_upstream: Any = None
+    responses_upstreams: dict[str, Any] = field(default_factory=dict)
 
     def remember_credentials(self, key: SessionKey, headers: dict[str, str]) -> None:
         self.credentials[key] = headers

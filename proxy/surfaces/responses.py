@@ -59,6 +59,7 @@ from proxy.turn import cache_hints, prompt_cache, sync_plan
 from proxy.turn.identity import Identity, _checked, client_key, identify, namespace_for
 from proxy.turn.turns import Turn, prepare_turn, resolve_agent, tools_tokens
 from proxy.upstreams.base import Upstream, UpstreamRequest
+from proxy.upstreams.openai_http import OpenAIUpstream
 from proxy.upstreams.responses_http import ResponsesUpstream, chat_request
 from proxy.upstreams.sse import SSEParser
 from strategies.records import ResponseRef, SessionKey
@@ -85,14 +86,14 @@ def pick_upstream(services: Services, api: str | None, model: str) -> Upstream:
     uses_litellm = getattr(upstream, "uses_litellm", None)
     if uses_litellm is not None and uses_litellm(model):
         return upstream
-    adapter = getattr(services, "responses_upstream", None)
+    direct = getattr(upstream, "direct", upstream)
+    if not isinstance(direct, OpenAIUpstream):
+        return upstream
+    adapters = services.responses_upstreams
+    adapter = adapters.get(choice)
     if adapter is None:
-        direct = getattr(upstream, "direct", upstream)
-        if not hasattr(direct, "post_stream"):
-            return upstream
-        adapter = ResponsesUpstream(direct, detect=choice == "auto")
-        services.responses_upstream = adapter
-    return adapter if not adapter.chat_only else services.upstream
+        adapter = adapters[choice] = ResponsesUpstream(direct, detect=choice == "auto")
+    return adapter if not adapter.chat_only else upstream
 
 
 async def session_identity(

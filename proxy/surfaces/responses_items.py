@@ -275,7 +275,8 @@ def _content_items(role: str, content: Any) -> list[dict[str, Any]]:
         return []
     if isinstance(content, str):
         if role == "assistant":
-            return [_message_item(role, [_input_part({"type": "text", "text": content}, role)])]
+            part = {"type": "output_text", "text": content, "annotations": []}
+            return [_message_item(role, [part])]
         return [_message_item(role, [{"type": "input_text", "text": content}])]
     items: list[dict[str, Any]] = []
     run: list[dict[str, Any]] = []

@@ -106,7 +106,7 @@ def output_items(message: dict[str, Any], id_prefix: str) -> list[dict[str, Any]
 
 
 # request fields echoed on the response object, with OpenAI's defaults
-ECHOED = {
+ECHOED: dict[str, Any] = {
     "instructions": None, "max_output_tokens": None, "max_tool_calls": None,
     "metadata": {}, "parallel_tool_calls": True, "previous_response_id": None,
     "prompt_cache_key": None, "reasoning": {"effort": None, "summary": None},

@@ -5,9 +5,10 @@ translates)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
+from e2e import RunningProxy
 
 from proxy.testing.fake_responses import FakeResponsesUpstream
 from proxy.testing.fake_upstream import FakeUpstream
@@ -24,6 +25,12 @@ def fake(request: pytest.FixtureRequest) -> Iterator[FakeUpstream]:
         yield upstream
 
 
-@pytest.fixture(params=["sqlite"])
-def store_url(request: pytest.FixtureRequest, tmp_path) -> str:  # type: ignore[no-untyped-def]
+@pytest.fixture
+def store_url(tmp_path) -> str:  # type: ignore[no-untyped-def]
+    # the store contract is the store suite's (tests/storage): these run on the embedded store
     return f"sqlite:///{tmp_path}/memory.db"
+
+
+@pytest.fixture
+def proxy(make_proxy: Callable[..., RunningProxy]) -> RunningProxy:
+    return make_proxy()

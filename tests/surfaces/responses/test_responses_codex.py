@@ -17,7 +17,7 @@ import pytest
 from proxy.testing.fake_responses import FakeResponsesUpstream
 from proxy.testing.fake_upstream import FakeUpstream, Reply
 
-CODEX = Path(__file__).resolve().parents[2] / ".ci" / "codex" / "node_modules" / ".bin" / "codex"
+CODEX = Path(__file__).resolve().parents[3] / ".ci" / "codex" / "node_modules" / ".bin" / "codex"
 FACT = "Remember the code CODE-X1."
 # Codex retries without end against an endpoint that is down: every run is bounded
 RUN_SECONDS = 120
