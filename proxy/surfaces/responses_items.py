@@ -318,11 +318,17 @@ def to_items(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                  "output": output}
             )
             continue
-        items.extend(_content_items(str(role), message.get("content")))
+        reply = _content_items(str(role), message.get("content"))
         for call in message.get("tool_calls") or ():
             function = call.get("function") or {}
-            items.append({
+            reply.append({
                 "type": "function_call", "call_id": call.get("id"),
                 "name": function.get("name", ""), "arguments": function.get("arguments", ""),
             })
+        if role == "assistant":
+            # reasoning goes with the item it preceded: a reply whose call the window left
+            # out (never answered) sends none of that reasoning
+            while reply and reply[-1].get("type") == "reasoning":
+                reply.pop()
+        items.extend(reply)
     return items
