@@ -84,6 +84,17 @@ def _json(body: bytes) -> Any:
         return None
 
 
+def _about_the_call(exc: UpstreamStatusError) -> bool:
+    """A 404 that answers the call, not the path: an OpenAI-shaped error naming a model or
+    a parameter (``model_not_found``: the Responses API is there, the model is not)."""
+    error = _json(exc.raw_body)
+    error = error.get("error") if isinstance(error, dict) else None
+    if not isinstance(error, dict):
+        return False
+    code, param = str(error.get("code") or ""), error.get("param")
+    return "model" in code or bool(param) or "previous_response" in code
+
+
 class _TranslatedStream:
     """A Responses event stream read as chat chunk events (``UpstreamStream``)."""
 
@@ -160,7 +171,7 @@ class ResponsesUpstream:
         return await self.direct.models(headers)
 
     def _no_responses_api(self, exc: UpstreamStatusError) -> bool:
-        if self.detect and exc.status_code in CHAT_ONLY_STATUSES:
+        if self.detect and exc.status_code in CHAT_ONLY_STATUSES and not _about_the_call(exc):
             logger.info("%s has no Responses API (%d): chat completions from now on",
                         self.direct.base_url, exc.status_code)
             self.chat_only = True

@@ -212,3 +212,49 @@ def test_output_items_of_a_plain_reply():
 def test_an_input_part_of_an_unknown_shape_is_refused():
     with pytest.raises(BadRequest):
         parse_input([{"role": "user", "content": [{"type": "input_text"}]}])
+
+
+class _NoEndpoint:
+    """A direct upstream whose /responses answers 404 with ``body``."""
+
+    base_url = "http://upstream.test/v1"
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+        self.chats = 0
+
+    async def post(self, path: str, request: UpstreamRequest) -> Any:
+        from proxy.errors import UpstreamStatusError
+
+        raise UpstreamStatusError("404", status_code=404, body=self.body,
+                                  content_type="application/json")
+
+    async def chat(self, request: UpstreamRequest) -> Any:
+        from proxy.upstreams.base import UpstreamResponse
+
+        self.chats += 1
+        return UpstreamResponse(200, b"{}")
+
+
+@pytest.mark.parametrize("body, chat_only", [
+    pytest.param(b'{"error": {"message": "no route", "type": "not_found_error", '
+                 b'"param": null, "code": null}}', True, id="no-route"),
+    pytest.param(b'{"detail": "Not Found"}', True, id="framework-404"),
+    pytest.param(b'{"error": {"message": "The model x does not exist", '
+                 b'"type": "invalid_request_error", "param": "model", '
+                 b'"code": "model_not_found"}}', False, id="unknown-model"),
+])
+async def test_only_a_404_of_the_path_makes_an_upstream_chat_only(body, chat_only):
+    from proxy.errors import UpstreamStatusError
+    from proxy.upstreams.responses_http import ResponsesUpstream
+
+    direct = _NoEndpoint(body)
+    upstream = ResponsesUpstream(direct)  # type: ignore[arg-type]
+    request = UpstreamRequest({"model": "x", "messages": [{"role": "user", "content": "hi"}]})
+    if chat_only:
+        await upstream.chat(request)
+        assert upstream.chat_only and direct.chats == 1
+    else:
+        with pytest.raises(UpstreamStatusError):
+            await upstream.chat(request)
+        assert not upstream.chat_only and direct.chats == 0
