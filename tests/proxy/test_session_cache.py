@@ -384,6 +384,8 @@ def test_after_append_accounts_for_every_field_of_a_turn_write():
     assert set(TurnWrite.__dataclass_fields__) == {
         "messages", "supersede_after", "supersede_until", "system_prompt", "system_tokens",
         "model", "calibration", "compressed", "write_id",
+        # a Responses API id for the write's seqs: nothing the cached session holds
+        "response_id",
     }
 
 
