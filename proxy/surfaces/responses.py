@@ -177,7 +177,9 @@ async def create_response(services: Services, call: ChatCall) -> BodyReply | Str
         turn = await prepare_turn(
             services,
             identity=identity,
-            body=out,
+            # the tools as the client sent them share the context window (built-in and
+            # namespaced ones too, which the chat body leaves out)
+            body={**out, "tools": body.get("tools")},
             system=request.system,
             conversation=[*replay, *request.conversation],
             history_header=history,
@@ -277,7 +279,7 @@ async def input_tokens(request: Request) -> Response:
     model = str(body.get("model") or "")
     if call.headers.get("x-memory", "").lower() == "off":
         messages = [*parsed.system, *parsed.conversation]
-        extra = tools_tokens(out, model)
+        extra = tools_tokens(body, model)
     else:
         identity, ref = await session_identity(services, call, parsed)
         history = "delta" if ref is not None else call.headers.get("x-memory-history")
@@ -285,7 +287,8 @@ async def input_tokens(request: Request) -> Response:
             services, SessionKey(identity.namespace, identity.agent, identity.session), ref
         )
         turn = await prepare_turn(
-            services, identity=identity, body=out, system=parsed.system,
+            services, identity=identity, body={**out, "tools": body.get("tools")},
+            system=parsed.system,
             conversation=[*replay, *parsed.conversation], history_header=history,
             branch_at=branch_at,
         )
