@@ -54,3 +54,19 @@ def test_continuing_from_the_latest_response_appends(proxy, fake):
     assert [m.content for m in proxy.stored("assistant", "line") if m.role == "user"] == [
         "One.", "Two.", "Three."]
     assert proxy.snapshot("assistant", "line").meta.head_seq == 6
+
+
+def test_a_chain_with_a_fork_on_the_redis_store(make_proxy, fake, redis_server):
+    from redis_server import flush_redis
+
+    flush_redis(redis_server.url)
+    proxy = make_proxy(store_url=str(redis_server.url))
+    client = proxy.client("assistant", "fork-redis")
+    first = ask(client, "My name is Ann.")
+    second = ask(client, "I like green tea.", first)
+    ask(client, "What do I like?", first)
+    ask(client, "And what is my name?", second)
+    sent = last_sent(fake)
+    assert "I like green tea." in sent and "What do I like?" not in sent
+    assert client.responses.retrieve(second.id).output_text.startswith("ok")
+    assert proxy.snapshot("assistant", "fork-redis").meta.head_seq == 10

@@ -258,3 +258,51 @@ async def test_only_a_404_of_the_path_makes_an_upstream_chat_only(body, chat_onl
         with pytest.raises(UpstreamStatusError):
             await upstream.chat(request)
         assert not upstream.chat_only and direct.chats == 0
+
+
+class _Reads:
+    """An upstream stream whose reads bring the given groups of events."""
+
+    status_code = 200
+    headers: dict[str, str] = {}
+
+    def __init__(self, reads: list[list[dict[str, Any]]]) -> None:
+        from proxy.upstreams.base import SSEEvent
+
+        self.reads = [[SSEEvent(b"data: " + orjson.dumps(e) + b"\n\n", orjson.dumps(e))
+                       for e in read] for read in reads]
+        self.pending: list[Any] = []
+
+    def __aiter__(self) -> Any:
+        return self
+
+    async def __anext__(self) -> Any:
+        if not self.pending:
+            if not self.reads:
+                raise StopAsyncIteration
+            self.pending = self.reads.pop(0)
+        return self.pending.pop(0)
+
+    def ready(self) -> list[Any]:
+        out, self.pending = self.pending, []
+        return out
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_a_translated_stream_hands_over_what_one_read_brought_together():
+    from proxy.upstreams.responses_http import _TranslatedStream
+
+    delta = {"type": "response.output_text.delta", "item_id": "m", "delta": "a"}
+    stream = _TranslatedStream(_Reads([
+        [{"type": "response.created", "response": {"id": "r", "model": "m"}}, delta, delta],
+        [delta, {"type": "response.completed", "response": {"output": []}}],
+    ]))
+    events = aiter(stream)
+    first = await anext(events)
+    together = stream.ready()
+    assert [orjson.loads(e.data)["choices"][0]["delta"] for e in [first, *together]] == [
+        {"role": "assistant", "content": ""}, {"content": "a"}, {"content": "a"}]
+    rest = [e async for e in events]
+    assert rest[-1].done and len(rest) == 3  # the delta, the finish (no usage), [DONE]
