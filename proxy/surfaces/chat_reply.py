@@ -26,17 +26,22 @@ def _text(value: Any) -> str:
 
 
 class _ToolCall:
-    __slots__ = ("arguments", "id", "name", "type")
+    __slots__ = ("arguments", "id", "name", "namespace", "type")
 
     def __init__(self, call_id: str | None, call_type: str | None) -> None:
         self.id = call_id
         self.type = call_type or "function"
         self.name: str | None = None
         self.arguments: list[str] = []
+        # a Responses API function's namespace (a translated Responses stream)
+        self.namespace: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "type": self.type,
-                "function": {"name": self.name or "", "arguments": "".join(self.arguments)}}
+        out = {"id": self.id, "type": self.type,
+               "function": {"name": self.name or "", "arguments": "".join(self.arguments)}}
+        if self.namespace:
+            out["namespace"] = self.namespace
+        return out
 
 
 class ReplyAccumulator:
@@ -132,6 +137,7 @@ class ReplyAccumulator:
             call = calls.get(index)
             if call is None:
                 call = calls[index] = _ToolCall(delta.get("id"), delta.get("type"))
+                call.namespace = delta.get("namespace")
             elif call.id is None and delta.get("id"):
                 call.id = delta["id"]
             function = delta.get("function")

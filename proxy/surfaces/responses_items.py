@@ -191,10 +191,7 @@ def parse_input(value: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]
             if not isinstance(arguments, str):
                 raise BadRequest(f"{param}.arguments must be a string", param=param)
             reply = reply or _Reply()
-            reply.calls.append(
-                {"id": call_id, "type": "function",
-                 "function": {"name": name, "arguments": arguments}}
-            )
+            reply.calls.extend(chat_tool_calls([item]))
         elif kind == "function_call_output":
             close()
             call_id = item.get("call_id")
@@ -226,11 +223,15 @@ def parse_input(value: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]
 
 def chat_tool_calls(calls: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """``function_call`` items as chat tool calls."""
-    return [
-        {"id": c.get("call_id"), "type": "function",
-         "function": {"name": c.get("name", ""), "arguments": c.get("arguments", "")}}
-        for c in calls
-    ]
+    out = []
+    for call in calls:
+        converted = {"id": call.get("call_id"), "type": "function",
+                     "function": {"name": call.get("name", ""),
+                                  "arguments": call.get("arguments", "")}}
+        if isinstance(call.get("namespace"), str):
+            converted["namespace"] = call["namespace"]  # a namespaced tool's (Responses only)
+        out.append(converted)
+    return out
 
 
 # ---- chat-format messages -> input items ----
@@ -321,10 +322,11 @@ def to_items(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         reply = _content_items(str(role), message.get("content"))
         for call in message.get("tool_calls") or ():
             function = call.get("function") or {}
-            reply.append({
-                "type": "function_call", "call_id": call.get("id"),
-                "name": function.get("name", ""), "arguments": function.get("arguments", ""),
-            })
+            item = {"type": "function_call", "call_id": call.get("id"),
+                    "name": function.get("name", ""), "arguments": function.get("arguments", "")}
+            if call.get("namespace"):
+                item["namespace"] = call["namespace"]
+            reply.append(item)
         if role == "assistant":
             # reasoning goes with the item it preceded: a reply whose call the window left
             # out (never answered) sends none of that reasoning

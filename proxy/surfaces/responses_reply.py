@@ -97,11 +97,14 @@ def output_items(message: dict[str, Any], id_prefix: str) -> list[dict[str, Any]
     flush()
     for call in message.get("tool_calls") or ():
         function = call.get("function") or {}
-        items.append({
+        item = {
             "type": "function_call", "id": f"fc_{id_prefix}_{len(items)}",
             "call_id": call.get("id"), "name": function.get("name", ""),
             "arguments": function.get("arguments", ""), "status": "completed",
-        })
+        }
+        if call.get("namespace"):
+            item["namespace"] = call["namespace"]
+        items.append(item)
     return items
 
 

@@ -140,6 +140,8 @@ class EventWriter:
             item = {"type": "function_call", "id": f"fc_{self._prefix}_{len(self.output)}",
                     "call_id": delta.get("id") or "", "name": function.get("name") or "",
                     "arguments": "", "status": "in_progress"}
+            if delta.get("namespace"):
+                item["namespace"] = delta["namespace"]
             self._calls[index] = item
             out.append(self._add(item)[1])
         arguments = function.get("arguments")
@@ -243,10 +245,12 @@ class ChunkReader:
             if item.get("type") == "function_call":
                 index = self._calls[item.get("id") or ""] = len(self._calls)
                 self._arguments[item.get("id") or ""] = len(item.get("arguments") or "")
-                out.append(self._chunk({"tool_calls": [{
-                    "index": index, "id": item.get("call_id"), "type": "function",
-                    "function": {"name": item.get("name", ""),
-                                 "arguments": item.get("arguments") or ""}}]}))
+                call = {"index": index, "id": item.get("call_id"), "type": "function",
+                        "function": {"name": item.get("name", ""),
+                                     "arguments": item.get("arguments") or ""}}
+                if item.get("namespace"):
+                    call["namespace"] = item["namespace"]
+                out.append(self._chunk({"tool_calls": [call]}))
         elif kind == "response.function_call_arguments.delta":
             item_id = event.get("item_id") or ""
             if item_id in self._calls and event.get("delta"):

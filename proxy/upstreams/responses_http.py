@@ -66,6 +66,11 @@ def chat_request(request: UpstreamRequest) -> UpstreamRequest:
     body = {k: v for k, v in request.body.items() if k != OPTIONS_KEY}
     messages = []
     for message in body.get("messages") or ():
+        if any("namespace" in call for call in message.get("tool_calls") or ()):
+            # a namespaced tool's call (Responses only): the chat model sees the function
+            message = {**message, "tool_calls": [
+                {k: v for k, v in call.items() if k != "namespace"}
+                for call in message["tool_calls"]]}
         content = message.get("content")
         stripped = native.for_api(content, "chat")
         if stripped is not content:

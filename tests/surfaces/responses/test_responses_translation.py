@@ -306,3 +306,22 @@ async def test_a_translated_stream_hands_over_what_one_read_brought_together():
         {"role": "assistant", "content": ""}, {"content": "a"}, {"content": "a"}]
     rest = [e async for e in events]
     assert rest[-1].done and len(rest) == 3  # the delta, the finish (no usage), [DONE]
+
+
+def test_a_namespaced_function_call_keeps_its_namespace_for_a_responses_upstream_only():
+    call = {"type": "function_call", "call_id": "call_ns", "name": "close_agent",
+            "namespace": "multi_agent_v1", "arguments": "{}"}
+    _, conversation = parse_input([{"role": "user", "content": "go"}, call,
+                                   {"type": "function_call_output", "call_id": "call_ns",
+                                    "output": "closed"}])
+    assert to_items(conversation)[1] == call
+    chat = chat_request(UpstreamRequest({"messages": conversation})).body["messages"]
+    assert "namespace" not in chat[1]["tool_calls"][0]
+    reader, accumulator = ChunkReader(), ReplyAccumulator()
+    for event in [{"type": "response.output_item.added", "item": {**call, "id": "fc_1"}},
+                  {"type": "response.completed", "response": {"output": [call]}}]:
+        for chunk in reader.read(event):
+            accumulator.add_chunk(chunk)
+    message = accumulator.message()
+    assert message is not None and message["tool_calls"][0]["namespace"] == "multi_agent_v1"
+    assert output_items(message, "x")[0]["namespace"] == "multi_agent_v1"
