@@ -305,6 +305,7 @@ def _content_items(role: str, content: Any) -> list[dict[str, Any]]:
 def to_items(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Chat-format messages (a rendered window) as Responses input items."""
     items: list[dict[str, Any]] = []
+    calls: set[Any] = set()  # call ids of the built-in calls sent so far
     for message in messages:
         role = message.get("role")
         if role == "tool":
@@ -332,5 +333,13 @@ def to_items(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             # out (never answered) sends none of that reasoning
             while reply and reply[-1].get("type") == "reasoning":
                 reply.pop()
-        items.extend(reply)
+        for item in reply:
+            kind = str(item.get("type", ""))
+            if kind.endswith("_output") and kind != "function_call_output":
+                # a built-in call's output whose call the window left out: not sent alone
+                if item.get("call_id") not in calls:
+                    continue
+            elif item.get("call_id"):
+                calls.add(item["call_id"])
+            items.append(item)
     return items

@@ -196,10 +196,11 @@ def test_request_options_map_to_chat_and_back_to_responses():
 
 
 def test_an_output_item_of_a_builtin_call_sent_by_the_client_is_kept_for_its_turn():
+    call = {"type": "computer_call", "call_id": "c1", "action": {"type": "screenshot"}}
     item = {"type": "computer_call_output", "call_id": "c1", "output": {"type": "x"}}
-    _, [message] = parse_input([{"role": "user", "content": "go"}, item][1:])
+    _, [reply, message] = parse_input([call, item])
     assert message["role"] == "user" and message["content"][0]["item"] == item
-    assert to_items([message]) == [item]
+    assert to_items([reply, message]) == [call, item]
 
 
 def test_output_items_of_a_plain_reply():
@@ -325,3 +326,14 @@ def test_a_namespaced_function_call_keeps_its_namespace_for_a_responses_upstream
     message = accumulator.message()
     assert message is not None and message["tool_calls"][0]["namespace"] == "multi_agent_v1"
     assert output_items(message, "x")[0]["namespace"] == "multi_agent_v1"
+
+
+def test_a_builtin_calls_output_is_not_sent_without_its_call():
+    call = {"type": "custom_tool_call", "call_id": "ct_1", "name": "apply_patch", "input": "x"}
+    output = {"type": "custom_tool_call_output", "call_id": "ct_1", "output": "done"}
+    _, conversation = parse_input([{"role": "user", "content": "go"}, call, output,
+                                   {"role": "user", "content": "next"}])
+    assert [i["type"] for i in to_items(conversation)] == [
+        "message", "custom_tool_call", "custom_tool_call_output", "message"]
+    # a window that starts after the call
+    assert [i["type"] for i in to_items(conversation[2:])] == ["message"]
