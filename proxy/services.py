@@ -44,9 +44,6 @@ class Services:
     started: bool = False
     # failed admin authentications per client address (proxy/admin/auth.py)
     admin_failures: FailedAttempts = field(default_factory=lambda: FailedAttempts(10))
-    # chat requests being served: with others under way, a turn's append may share their
-    # commit (Store.append_turn's with_others)
-    chats_under_way: int = 0
     # the Responses API adapters over the direct upstream by MEMORY_PROXY_RESPONSES_API
     # choice ("auto" remembers an upstream without one), made on first use
     # (proxy/surfaces/responses.py pick_upstream)

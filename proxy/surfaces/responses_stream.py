@@ -195,12 +195,22 @@ class EventWriter:
         return b"".join(out)
 
     def fail(self, code: str | None, message: str) -> bytes:
-        """The stream's end when the turn failed: ``response.failed`` with the error."""
+        """The stream's end when the turn failed: ``response.failed`` with the error
+        (after ``response.created`` if nothing was sent yet). It changes nothing here: an
+        event made ahead, for a failure nobody caught, leaves the stream as it was."""
         response = self._envelope("failed")
         response["output"] = self.output
         response["error"] = {"code": code or "server_error", "message": message}
-        self._ended = True
-        return self.start() + self._event("response.failed", response=response)
+        sequence = self.sequence
+        out = []
+        if not self._started:
+            for kind in ("response.created", "response.in_progress"):
+                out.append(sse({"type": kind, "sequence_number": sequence,
+                                "response": self._envelope("in_progress")}))
+                sequence += 1
+        out.append(sse({"type": "response.failed", "sequence_number": sequence,
+                        "response": response}))
+        return b"".join(out)
 
 
 class ChunkReader:
