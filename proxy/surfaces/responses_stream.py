@@ -52,11 +52,6 @@ class EventWriter:
         self._text_parts: list[str] = []
         self._calls: dict[int, dict[str, Any]] = {}  # chat index -> open function_call item
         self._started = False
-        self._ended = False
-
-    @property
-    def ended(self) -> bool:
-        return self._ended
 
     def _event(self, kind: str, **fields: Any) -> bytes:
         event = {"type": kind, "sequence_number": self.sequence, **fields}
@@ -189,7 +184,6 @@ class EventWriter:
             response["incomplete_details"] = {"reason": "max_output_tokens"}
         response["output"] = self.output
         response["usage"] = responses_usage(self.usage)
-        self._ended = True
         kind = "response.incomplete" if status == "incomplete" else "response.completed"
         out.append(self._event(kind, response=response))
         return b"".join(out)
