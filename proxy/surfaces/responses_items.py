@@ -38,6 +38,7 @@ __all__ = [
 ]
 
 API = native.RESPONSES
+NATIVE = native.NATIVE
 # what a model's reply holds besides text and function calls: kept as native parts
 REPLY_ITEMS = frozenset({
     "reasoning", "web_search_call", "file_search_call", "computer_call",
@@ -281,8 +282,18 @@ def _content_items(role: str, content: Any) -> list[dict[str, Any]]:
         return [_message_item(role, [{"type": "input_text", "text": content}])]
     items: list[dict[str, Any]] = []
     run: list[dict[str, Any]] = []
+    text_type = "output_text" if role == "assistant" else "input_text"
     for part in content if isinstance(content, list) else ():
-        if is_native(part):
+        if type(part) is not dict:
+            continue
+        kind = part.get("type")
+        if kind == "text":  # the common part, rendered here (a window has many)
+            text = {"type": text_type, "text": part.get("text", "")}
+            if role == "assistant":
+                text["annotations"] = []
+            run.append(text)
+            continue
+        if kind == NATIVE:
             if part.get("api") != API:
                 continue  # another API's block: not for this upstream
             if run:
@@ -308,6 +319,12 @@ def to_items(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     calls: set[Any] = set()  # call ids of the built-in calls sent so far
     for message in messages:
         role = message.get("role")
+        content = message.get("content")
+        if type(content) is str and role != "tool" and not message.get("tool_calls"):
+            # the common case, a plain text message: an input message with string content
+            if content:
+                items.append({"type": "message", "role": role, "content": content})
+            continue
         if role == "tool":
             content = message.get("content")
             if isinstance(content, list):

@@ -191,8 +191,7 @@ def test_request_options_map_to_chat_and_back_to_responses():
     assert native["max_output_tokens"] == 50 and "max_tokens" not in native
     assert native["reasoning"] == {"effort": "low", "summary": "auto"}
     assert native["include"] == ["x"] and native["store"] is False and native["stream"] is True
-    assert native["input"] == [{"type": "message", "role": "user",
-                                "content": [{"type": "input_text", "text": "hi"}]}]
+    assert native["input"] == [{"type": "message", "role": "user", "content": "hi"}]
 
 
 def test_an_output_item_of_a_builtin_call_sent_by_the_client_is_kept_for_its_turn():
