@@ -1,11 +1,13 @@
 """The SQLite store's Responses API response ids: each names the turn write that made it
-(its first seq and its reply's), written in that append's transaction, removed with the
-session."""
+(its first seq and its reply's), written in that append's transaction
+(``sqlite_turns``), removed with the session (``sqlite_sessions.delete_session``)."""
 
 from __future__ import annotations
 
 import sqlite3
 
+from storage.sqlite_prompts import Ids
+from storage.sqlite_schema import SESSION, Transaction
 from strategies.records import ResponseRef, TurnWrite
 
 __all__ = ["SCHEMA", "delete_session", "find", "forget", "record"]
@@ -33,20 +35,23 @@ def record(conn: sqlite3.Connection, sid: int, write: TurnWrite, first: int, now
         )
 
 
-def find(conn: sqlite3.Connection, sid: int, response_id: str) -> ResponseRef | None:
+def find(conn: sqlite3.Connection, ids: Ids, response_id: str) -> ResponseRef | None:
     row = conn.execute(
-        "SELECT first_seq, seq, created_at FROM responses WHERE sid = ? AND response_id = ?",
-        (sid, response_id),
+        f"SELECT first_seq, seq, created_at FROM responses WHERE {SESSION}"
+        " AND response_id = ?",
+        (*ids, response_id),
     ).fetchone()
     return ResponseRef(response_id, row[0], row[1], row[2]) if row else None
 
 
-def forget(conn: sqlite3.Connection, sid: int, response_id: str) -> bool:
-    cursor = conn.execute(
-        "DELETE FROM responses WHERE sid = ? AND response_id = ?", (sid, response_id)
-    )
+def forget(conn: sqlite3.Connection, ids: Ids, response_id: str) -> bool:
+    with Transaction(conn):
+        cursor = conn.execute(
+            f"DELETE FROM responses WHERE {SESSION} AND response_id = ?", (*ids, response_id)
+        )
     return cursor.rowcount > 0
 
 
-def delete_session(conn: sqlite3.Connection, sid: int) -> None:
-    conn.execute("DELETE FROM responses WHERE sid = ?", (sid,))
+def delete_session(conn: sqlite3.Connection, ids: Ids) -> None:
+    """Within ``sqlite_sessions.delete_session``'s transaction, before the session's row."""
+    conn.execute(f"DELETE FROM responses WHERE {SESSION}", ids)
