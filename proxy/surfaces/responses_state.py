@@ -161,6 +161,9 @@ async def list_input_items(request: Request) -> Response:
               "tool_calls": message.tool_calls, "tool_call_id": message.tool_call_id}]
         )
         for index, item in enumerate(rendered):
+            if isinstance(item.get("content"), str):  # listed with parts, as OpenAI does
+                kind = "output_text" if item.get("role") == "assistant" else "input_text"
+                item = {**item, "content": [{"type": kind, "text": item["content"]}]}
             items.append({"id": f"item_{message.seq}_{index}", **item})
     if order == "desc":
         items.reverse()
