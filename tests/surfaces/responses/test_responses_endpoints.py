@@ -123,3 +123,6 @@ def test_chat_completions_and_responses_continue_one_session(proxy, fake: FakeUp
                        headers={"authorization": f"Bearer {ADMIN_TOKEN}"}).json()
     shown = json.dumps(memory)
     assert "Which code?" in shown and "Last." in shown
+    transcript = httpx.get(f"{proxy.base}/memory/shared/s1/transcript",
+                           headers={"authorization": f"Bearer {ADMIN_TOKEN}"})
+    assert transcript.status_code == 200 and "And again?" in transcript.text
