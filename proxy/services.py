@@ -41,6 +41,10 @@ class Services:
     started: bool = False
     # failed admin authentications per client address (proxy/admin/auth.py)
     admin_failures: FailedAttempts = field(default_factory=lambda: FailedAttempts(10))
+    # the Responses API adapters over the direct upstream by MEMORY_PROXY_RESPONSES_API
+    # choice ("auto" remembers an upstream without one), made on first use
+    # (proxy/surfaces/responses.py pick_upstream)
+    responses_upstreams: dict[str, Any] = field(default_factory=dict)
 
     def remember_credentials(self, key: SessionKey, headers: dict[str, str]) -> None:
         self.credentials[key] = headers

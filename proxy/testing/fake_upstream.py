@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 import uvicorn
@@ -210,6 +210,16 @@ def default_usage(reply: Reply, prompt_tokens: int) -> dict[str, Any]:
     )) // 4)
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
             "total_tokens": prompt_tokens + completion}
+
+
+class Rendered(Protocol):
+    """A reply rendered for one request, in some API's shape."""
+
+    reply: Reply
+
+    def completion(self) -> bytes: ...
+
+    def chunks(self, include_usage: bool) -> list[bytes]: ...
 
 
 class _Reply:
@@ -417,6 +427,12 @@ class FakeUpstream:
         with self._lock:
             self._requests.append(
                 RecordedRequest(method, path, headers, body, raw, _client(scope)))
+        await self._route(method, path, body, receive, send)
+
+    async def _route(
+        self, method: str, path: str, body: Any, receive: Receive, send: Send
+    ) -> None:
+        """Answer one recorded request (a fake of another API adds its routes here)."""
         if method == "GET" and path.endswith("/models"):
             await _respond(send, 200, _JSON, self._models_body)
         elif method == "POST" and path.endswith("/chat/completions"):
@@ -451,6 +467,13 @@ class FakeUpstream:
         rendered = _Reply(reply, body, self.count_tokens(body))
         stream = body.get("stream") is True
         include_usage = stream and bool((body.get("stream_options") or {}).get("include_usage"))
+        await self._play(rendered, stream, include_usage, receive, send)
+
+    async def _play(
+        self, rendered: Rendered, stream: bool, include_usage: bool, receive: Receive,
+        send: Send,
+    ) -> None:
+        """Send a rendered reply with its delays and cut, counting a client gone meanwhile."""
         gone = asyncio.Event()
         watcher = asyncio.create_task(_watch_disconnect(receive, gone))
         try:
@@ -465,7 +488,7 @@ class FakeUpstream:
                 self._disconnects += 1
             self.disconnected.set()
 
-    async def _complete_slowly(self, rendered: _Reply, gone: asyncio.Event, send: Send) -> None:
+    async def _complete_slowly(self, rendered: Rendered, gone: asyncio.Event, send: Send) -> None:
         data = rendered.completion()
         reply = rendered.reply
         if await _hold_unless(gone, reply.until) or await _sleep_unless(
@@ -480,7 +503,7 @@ class FakeUpstream:
         await _respond(send, 200, _JSON, data)
 
     async def _stream(
-        self, rendered: _Reply, include_usage: bool, gone: asyncio.Event, send: Send
+        self, rendered: Rendered, include_usage: bool, gone: asyncio.Event, send: Send
     ) -> None:
         reply = rendered.reply
         events = rendered.chunks(include_usage)

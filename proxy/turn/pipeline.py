@@ -53,7 +53,9 @@ async def serve(surface: Surface, request: Request) -> Response:
     upstream_request, offered = forward.chat_request(services, turn, body)
 
     if not turn_request.stream:
-        response, usage = await forward.call(services, upstream_request, offered, request.receive)
+        response, usage = await forward.call(
+            services, upstream_request, offered, request.receive, turn_request.upstream
+        )
         accumulator = ReplyAccumulator()
         # a 200 that is not a completion is the upstream's error, and nothing is stored
         accumulator.add_response(completion_of(response.body))
@@ -68,7 +70,9 @@ async def serve(surface: Surface, request: Request) -> Response:
             headers["x-memory-cached-tokens"] = str(cache["cached"])
         return surface.reply(turn, response, headers)
 
-    stream = await forward.open_stream(services, upstream_request, offered, request.receive)
+    stream = await forward.open_stream(
+        services, upstream_request, offered, request.receive, turn_request.upstream
+    )
 
     async def stored(reply: dict[str, Any], usage: dict[str, Any] | None) -> None:
         await finish(services, turn, reply, forward.stream_usage(stream) or usage,
@@ -105,9 +109,13 @@ async def pass_through(
     body = surface.upstream_body(turn_request, None, UPSTREAM_API)
     upstream_request = UpstreamRequest(body, turn_request.forwarded)
     if not turn_request.stream:
-        response, _ = await forward.call(services, upstream_request, None, request.receive)
+        response, _ = await forward.call(
+            services, upstream_request, None, request.receive, turn_request.upstream
+        )
         return surface.reply(None, response, {})
-    stream = await forward.open_stream(services, upstream_request, None, request.receive)
+    stream = await forward.open_stream(
+        services, upstream_request, None, request.receive, turn_request.upstream
+    )
     return SSEResponse(
         relay(surface, stream, None),
         error_event=surface.stream_error(SERVER_ERROR),
