@@ -367,6 +367,12 @@ class FakeUpstream:
         with self._lock:
             self._requests.append(
                 RecordedRequest(method, path, headers, body, raw, _client(scope)))
+        await self.route(method, path, body, receive, send)
+
+    async def route(
+        self, method: str, path: str, body: Any, receive: Receive, send: Send
+    ) -> None:
+        """Answer a recorded request (a subclass serves more paths: proxy/testing)."""
         if method == "GET" and path.endswith("/models"):
             await _respond(send, 200, _JSON, self._models_body)
         elif method == "POST" and path.endswith("/chat/completions"):
@@ -383,21 +389,31 @@ class FakeUpstream:
                 return self._script.popleft()
         return self.default_reply(body)
 
-    async def _chat(self, body: dict[str, Any], receive: Receive, send: Send) -> None:
+    async def _chat(
+        self, body: dict[str, Any], receive: Receive, send: Send,
+        render: Callable[[Reply, dict[str, Any], int], Any] | None = None,
+    ) -> None:
+        """Answer with the next reply, rendered by ``render`` (a class like ``_Reply``:
+        ``.reply``, ``.completion()``, ``.chunks(include_usage)``; chat's by default)."""
         reply = self._next_reply(body)
         if reply.raw_body is not None:
             headers = [(b"content-type", reply.content_type.encode())]
             await _respond(send, reply.status, headers, reply.raw_body)
             return
+        stream = body.get("stream") is True
+        include_usage = stream and bool((body.get("stream_options") or {}).get("include_usage"))
         if not (reply.first_token_delay > 0 or reply.delay_between_chunks > 0
                 or reply.linger > 0 or reply.cut_after_chunks is not None):
             # instant: one write, no disconnect watcher (the benchmarks' common case)
-            stream, data = instant_reply(reply, body, self.count_tokens(body))
+            if render is None:
+                stream, data = instant_reply(reply, body, self.count_tokens(body))
+            else:
+                rendered = render(reply, body, self.count_tokens(body))
+                data = b"".join(rendered.chunks(include_usage)) if stream \
+                    else rendered.completion()
             await _respond(send, 200, _SSE if stream else _JSON, data)
             return
-        rendered = _Reply(reply, body, self.count_tokens(body))
-        stream = body.get("stream") is True
-        include_usage = stream and bool((body.get("stream_options") or {}).get("include_usage"))
+        rendered = (render or _Reply)(reply, body, self.count_tokens(body))
         gone = asyncio.Event()
         watcher = asyncio.create_task(_watch_disconnect(receive, gone))
         try:
@@ -412,7 +428,7 @@ class FakeUpstream:
                 self._disconnects += 1
             self.disconnected.set()
 
-    async def _complete_slowly(self, rendered: _Reply, gone: asyncio.Event, send: Send) -> None:
+    async def _complete_slowly(self, rendered: Any, gone: asyncio.Event, send: Send) -> None:
         data = rendered.completion()
         reply = rendered.reply
         if await _sleep_unless(gone, reply.first_token_delay):
@@ -426,7 +442,7 @@ class FakeUpstream:
         await _respond(send, 200, _JSON, data)
 
     async def _stream(
-        self, rendered: _Reply, include_usage: bool, gone: asyncio.Event, send: Send
+        self, rendered: Any, include_usage: bool, gone: asyncio.Event, send: Send
     ) -> None:
         reply = rendered.reply
         events = rendered.chunks(include_usage)

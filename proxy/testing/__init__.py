@@ -1,0 +1,1 @@
+"""Test doubles: fake upstreams on loopback."""

@@ -1,0 +1,1 @@
+"""How the proxy talks to the models it forwards to."""
