@@ -37,8 +37,8 @@ import _paths  # noqa: F401  (the repository's packages)
 import httpx
 import orjson
 
-from proxy.cache_hints import anthropic_breakpoints
-from proxy.fake_upstream import FakeUpstream, Reply
+from proxy.testing.fake_upstream import FakeUpstream, Reply
+from proxy.turn.cache_hints import anthropic_breakpoints
 from strategies.summary_prompt import SUMMARY_INSTRUCTION_LEAD, SUMMARY_SYSTEM_PROMPT
 from strategies.tokens import count_message, count_text
 
@@ -403,7 +403,7 @@ async def drive(client: httpx.AsyncClient, services: Any, fake: FakeUpstream,
 
 async def measure(turns: int, clients: tuple[bool, ...] = (False, True),
                   no_memory: bool = True) -> dict[str, Any]:
-    from proxy.app import create_app
+    from proxy.http.app import create_app
     from proxy.settings import Settings
 
     session_script = script(turns)

@@ -81,7 +81,7 @@ async def measure_turns(
     import orjson
     import populate
 
-    from proxy.app import create_app
+    from proxy.http.app import create_app
     from proxy.settings import Settings
 
     agents = populate.write_agents(HERE / "out" / "agents")
@@ -132,7 +132,7 @@ def main() -> None:
     sys.path.insert(0, str(HERE.parent / "tests"))
     from redis_server import RedisServer
 
-    from proxy.fake_upstream import FakeUpstream
+    from proxy.testing.fake_upstream import FakeUpstream
 
     redis = RedisServer().start()
     try:

@@ -158,7 +158,7 @@ async def measure(
 ) -> list[TurnCost]:
     """Populate one session per measured turn (a full-history turn needs its own), then
     run the turns one by one, each after the previous one's background work."""
-    from proxy.app import create_app
+    from proxy.http.app import create_app
     from proxy.settings import Settings
     from storage.registry import open_store
 

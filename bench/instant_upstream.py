@@ -1,13 +1,13 @@
-"""The benchmark's upstream: ``proxy.fake_upstream``'s instant replies, served by a bare
+"""The benchmark's upstream: ``proxy.testing.fake_upstream``'s instant replies, served by a bare
 asyncio protocol (uvloop, httptools), each response in one write.
 
 Every request of the load phases ends at the upstream, and on this 2-core machine the
 upstream's CPU is taken from the processes measured: the workers phase shares both cores
-with it. ``proxy.fake_upstream`` is built for the tests (uvicorn and ASGI, every request
+with it. ``proxy.testing.fake_upstream`` is built for the tests (uvicorn and ASGI, every request
 recorded, replies scripted, streams paced, disconnects counted) and spends about twice as
 much CPU per request as a server that only answers. This one only answers: the same bytes
 (``instant_reply``, the same echo and usage), no recording, no scripting. The phases that
-pace a stream keep ``proxy.fake_upstream``.
+pace a stream keep ``proxy.testing.fake_upstream``.
 
     python bench/instant_upstream.py --port 8100
 """
@@ -22,7 +22,7 @@ import httptools
 import orjson
 import uvloop
 
-from proxy.fake_upstream import count_tokens_roughly, echo_reply, error_json, instant_reply
+from proxy.testing.fake_upstream import count_tokens_roughly, echo_reply, error_json, instant_reply
 
 MODELS = orjson.dumps({"object": "list", "data": [
     {"id": "fake-model", "object": "model", "created": 0, "owned_by": "fake"}]})

@@ -18,7 +18,7 @@ import time
 import _paths  # the repository root on sys.path (used for cwd below too)
 import httpx
 
-from proxy.fake_upstream import FakeUpstream
+from proxy.testing.fake_upstream import FakeUpstream
 
 TURNS = 20
 MODEL_BYTES = 10_000_000

@@ -230,7 +230,7 @@ TOKENIZER_RSS = """
 import sys
 def rss():
     return int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS")).split()[1])
-import proxy.app
+import proxy.http.app
 from strategies.tokens import CL100K, O200K, get_encoding
 before = rss(); get_encoding(O200K); middle = rss(); get_encoding(CL100K)
 print(before / 1024, (middle - before) / 1024, (rss() - middle) / 1024)

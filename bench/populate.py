@@ -14,8 +14,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from proxy.history_sync import fingerprint
-from proxy.identity import namespace_for
+from proxy.turn.history_sync import fingerprint
+from proxy.turn.identity import namespace_for
 from storage.registry import open_store
 from strategies.records import SessionKey, StoredMessage, TurnWrite
 from strategies.tokens import count_message

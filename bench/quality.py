@@ -10,7 +10,7 @@ involved: this measures what memory can still see, not how well a model answers.
 Each conversation (bench/conversations.py) is replayed as a delta client through the real
 app in this process (``create_app`` with its lifespan, requests through
 ``httpx.ASGITransport``, an embedded SQLite store) against the fake upstream on loopback
-(``proxy.fake_upstream``), which answers with the conversation's next turn, a tool call in
+(``proxy.testing.fake_upstream``), which answers with the conversation's next turn, a tool call in
 tool-using sessions, and summaries from an extractive stand-in (the first sentence of each
 transcript item and of the previous summary, newest kept within the call's max_tokens):
 summary recall measures what the mechanism lets through, not what a model would write.
@@ -50,8 +50,8 @@ import httpx
 import orjson
 from conversations import Conversation, generate, read_locomo
 
-from proxy.fake_upstream import FakeUpstream, Reply
-from proxy.identity import namespace_for
+from proxy.testing.fake_upstream import FakeUpstream, Reply
+from proxy.turn.identity import namespace_for
 from strategies.compression import content_text
 from strategies.records import LoadSpec, SessionKey, StoredMessage
 from strategies.summary_prompt import SUMMARY_SYSTEM_PROMPT
@@ -431,7 +431,7 @@ def write_agents(directory: Path, windows: dict[str, int]) -> list[tuple[str, st
 
 
 async def measure_async(conversations: list[Conversation], source: str = "") -> dict[str, Any]:
-    from proxy.app import create_app
+    from proxy.http.app import create_app
     from proxy.settings import Settings
 
     started = time.perf_counter()

@@ -14,14 +14,14 @@ HTTP_ONLY = "C-off"
 OWN_CODE = ("proxy/", "storage/", "strategies/")
 # where a turn's CPU goes: (label, frame prefix) matched against the inclusive profile
 COMPONENTS = (
-    ("chat handler (proxy/chat.py chat_completions)", "chat_completions"),
+    ("chat handler (proxy/surfaces/chat.py chat_completions)", "chat_completions"),
     ("prepare_turn: load, sync, window, render", "prepare_turn"),
     ("store load (query and decoding)", "load_snapshot"),
     ("strategy select", "SummarizingWindowStrategy.select"),
     ("mapper", "MessageToLlmMessageMapper.map"),
     ("upstream call (OpenAIUpstream; runs in a task of its own)", "OpenAIUpstream.chat"),
     ("persist_turn: the turn's write", "persist_turn"),
-    ("after-turn bookkeeping (proxy/after_turn.py)", "schedule_after_turn"),
+    ("after-turn bookkeeping (proxy/background/after_turn.py)", "schedule_after_turn"),
     ("token counting", "count_message"),
 )
 

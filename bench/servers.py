@@ -213,7 +213,7 @@ def fake_upstream(
 ) -> Server:
     port = free_port()
     return Server(
-        name, [PYTHON, "-m", "proxy.fake_upstream", "--port", str(port), *extra], port,
+        name, [PYTHON, "-m", "proxy.testing.fake_upstream", "--port", str(port), *extra], port,
         ready_path="/v1/models", cpus=cpus,
     )
 

@@ -1,6 +1,6 @@
 """The store's share of a turn: ``Store.load`` then ``Store.append_turn``, in process.
 
-Every proxied turn makes exactly these two store calls (proxy/turns.py ``load_session``
+Every proxied turn makes exactly these two store calls (proxy/turn/turns.py ``load_session``
 and ``persist_turn``). With the session cache warm, the load passes the version the
 previous append returned and the store answers ``unchanged`` without reading messages.
 This times that loop on each backend: a pool of sessions of 20 stored messages, each turn

@@ -1,7 +1,7 @@
 """Per-turn cost of the pure strategy work: ``select`` plus the default mapper's ``map``.
 
 Every proxied turn runs the agent's strategy over the loaded history and renders the
-window (proxy/turns.py ``prepare_turn``). This times exactly those two calls, in process,
+window (proxy/turn/turns.py ``prepare_turn``). This times exactly those two calls, in process,
 on contexts built the way a turn builds them: stored messages with seqs and tokens as the
 store holds them (``populate.history``), the new user message last, the model's cached
 counter as ``count_tokens``.

@@ -72,7 +72,7 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     print("\n".join(startup_lines(settings)), file=sys.stderr, flush=True)
     uvicorn.run(
-        "proxy.app:create_app",
+        "proxy.http.app:create_app",
         factory=True,
         host=settings.host,
         port=settings.port,
@@ -89,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         return serve(args)
-    from proxy.demo import run_demo
+    from proxy.testing.demo import run_demo
 
     return run_demo(turns=args.turns)
 

@@ -9,7 +9,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 
-from proxy.session_cache import SessionCache
+from proxy.turn.session_cache import SessionCache
 
 Key = tuple[str, tuple[tuple[str, str], ...]]  # a counter's name and labels
 COUNTERS: Counter[Key] = Counter()

@@ -9,11 +9,11 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.admin.auth import FailedAttempts
 from proxy.agents import AgentRegistry
-from proxy.auth import FailedAttempts
-from proxy.session_cache import SessionCache
 from proxy.settings import Settings
-from proxy.upstream.base import Upstream
+from proxy.turn.session_cache import SessionCache
+from proxy.upstreams.base import Upstream
 from storage.base import Store
 from storage.parts import PartContentReader
 from strategies.mapper import LlmMessageMapper
@@ -42,7 +42,7 @@ class Services:
     # sessions kept decoded between turns
     sessions: SessionCache = field(default_factory=lambda: SessionCache(0))
     started: bool = False
-    # failed admin authentications per client address (proxy/auth.py)
+    # failed admin authentications per client address (proxy/admin/auth.py)
     admin_failures: FailedAttempts = field(default_factory=lambda: FailedAttempts(10))
     # chat requests being served: with others under way, a turn's append may share their
     # commit (Store.append_turn's with_others)

@@ -30,15 +30,15 @@ class Settings(BaseSettings):
     # send provider-prefixed model ids (anthropic/..., gemini/...) through litellm; turn off
     # when the upstream itself takes such ids (an OpenRouter-style gateway)
     litellm_routing: bool = True
-    # send the session's prompt_cache_key (proxy/cache_hints.py) with requests for OpenAI
+    # send the session's prompt_cache_key (proxy/turn/cache_hints.py) with requests for OpenAI
     # models (no provider prefix, or openai/...) whose client sent none; turn off for an
     # OpenAI-compatible upstream that rejects unknown fields
     prompt_cache_key: bool = True
-    # cache_control breakpoints (proxy/cache_hints.py): auto (anthropic/... and claude
+    # cache_control breakpoints (proxy/turn/cache_hints.py): auto (anthropic/... and claude
     # models), all (every model: a gateway that forwards them to Anthropic), off
     cache_breakpoints: Literal["auto", "all", "off"] = "auto"
     # the summarizer call on the session's cached prefix when the plan lines up with the
-    # turn's request (proxy/summary_prefix.py); false: always the transcript call
+    # turn's request (proxy/background/summary_prefix.py); false: always the transcript call
     summarizer_cached_prefix: bool = True
     default_context_window: int = 128_000
     # the tokenizer loaded before serving (the family most traffic uses)
@@ -57,7 +57,7 @@ class Settings(BaseSettings):
     compaction_wait_seconds: float = 15.0
     # summarizer calls allowed per session per hour (bounds cost and loops)
     summarizer_calls_per_hour: int = 30
-    # memory for sessions kept decoded across turns, estimated (proxy/session_cache.py);
+    # memory for sessions kept decoded across turns, estimated (proxy/turn/session_cache.py);
     # 0 turns the cache off
     session_cache_mb: float = Field(default=16, ge=0)
     # failed admin authentications (wrong Bearer token or login) allowed per client address

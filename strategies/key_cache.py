@@ -3,7 +3,7 @@
 A call with a string argument longer than ``max_chars`` is computed and not remembered:
 the cache holds at most ``maxsize`` entries of at most ``max_chars`` characters per
 string, so its size in bytes is bounded whatever the clients send. The proxy refuses such
-strings at the door (``proxy/limits.py``); this is the second line, for strings that come
+strings at the door (``proxy/http/limits.py``); this is the second line, for strings that come
 back from the store or an agent definition.
 """
 
@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 __all__ = ["MAX_KEY_CHARS", "short_key_cache"]
 
-# as proxy/limits.py's MAX_IDENTIFIER_CHARS: every identifier the proxy accepts fits
+# as proxy/http/limits.py's MAX_IDENTIFIER_CHARS: every identifier the proxy accepts fits
 MAX_KEY_CHARS = 256
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -199,7 +199,7 @@ class LoadSpec:
     ``fill_ratio``: ``limit`` is a page size, not a bound. The store reads one page as
     always; the proxy then reads older pages (``Store.get_range``) until the messages
     after the latest summary hold ``fill_ratio`` x the context window (calibrated), or the
-    log has no more (proxy/paging.py). What a turn loads follows the window's budget, not
+    log has no more (proxy/turn/paging.py). What a turn loads follows the window's budget, not
     the history."""
 
     limit: int = 500

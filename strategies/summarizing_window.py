@@ -45,7 +45,7 @@ from strategies.validity import make_valid, tool_units, trim_to_units
 # the share of the window budget the kept tail may use after an automatic summary
 TAIL_SHARE = 0.5
 MIN_SUMMARIZED = 2
-# the reply record's meta key describing the window it answered (proxy/prompt_cache.py
+# the reply record's meta key describing the window it answered (proxy/turn/prompt_cache.py
 # writes it); its "start" is the seq that window started at
 WINDOW_META = "window"
 
@@ -420,7 +420,7 @@ def plan_summary(
     (``from_seq = previous.from_seq``), so the new record supersedes it. None when fewer
     than two messages are eligible: a plan always advances the summarized frontier.
     ``messages`` are the loaded ones only: before running a plan the proxy re-reads every
-    stored message after ``previous`` up to ``to_seq`` (proxy/summarizer.py), since a
+    stored message after ``previous`` up to ``to_seq`` (proxy/background/summarizer.py), since a
     page shorter than the history may have left some out.
     """
     messages = ctx.messages

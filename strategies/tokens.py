@@ -20,7 +20,7 @@ would otherwise cost hundreds of thousands of tokens):
   at 16 KB per second (128 kbit/s).
 
 The media rules live in ``strategies/media_tokens.py``. A stored part reference
-(``{"type": ..., "part": {...}}``, see ``proxy/parts.py``) carries the measured size, pages
+(``{"type": ..., "part": {...}}``, see ``proxy/turn/parts.py``) carries the measured size, pages
 or duration, so counting it reads no bytes.
 """
 

@@ -19,9 +19,9 @@ from redis_cluster import RedisCluster
 from redis_server import RedisServer, flush_redis
 from servers import ThreadedServer
 
-from proxy.app import create_app
-from proxy.fake_upstream import FakeUpstream
+from proxy.http.app import create_app
 from proxy.settings import Settings
+from proxy.testing.fake_upstream import FakeUpstream
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 

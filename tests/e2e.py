@@ -53,7 +53,7 @@ class RunningProxy:
         return self.server.call(coro)
 
     def key(self, agent: str, session: str, api_key: str = CLIENT_KEY) -> SessionKey:
-        from proxy.identity import namespace_for
+        from proxy.turn.identity import namespace_for
 
         return SessionKey(namespace_for(api_key), agent, session)
 

@@ -1,6 +1,7 @@
 """The JSON twin of every admin page, under ``/admin/api/``.
 
-``POST /admin/api/agents/{agent}/sessions/{session}/compact`` lives in ``proxy/compact.py``.
+``POST /admin/api/agents/{agent}/sessions/{session}/compact`` lives in
+``proxy/background/compact.py``.
 Writes take a JSON body (``Content-Type: application/json``): a browser cannot send one
 cross-site without a CORS preflight, which the proxy never grants; every write passes the
 cross-site check of ``proxy/admin/security.py`` (``CrossSiteWrites``) first.
@@ -15,14 +16,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from proxy.admin import agents_view
+from proxy.admin.auth import require_admin
+from proxy.admin.inspect import inspect_session, requested_session
 from proxy.admin.security import check_loopback_host
-from proxy.auth import require_admin
+from proxy.admin.transcript import transcript_response
 from proxy.errors import BadRequest, ProxyError
-from proxy.inspect import inspect_session, requested_session
-from proxy.requests import parse_json_object, read_body
-from proxy.responses import json_response, proxy_error_handler
+from proxy.http.requests import parse_json_object, read_body
+from proxy.http.responses import json_response, proxy_error_handler
 from proxy.services import Services
-from proxy.transcript import transcript_response
 
 BODY_LIMIT = 1024 * 1024
 Endpoint = Callable[[Request], Awaitable[Response]]

@@ -16,7 +16,9 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from proxy.admin import agents_view
+from proxy.admin.auth import TooManyAttempts, admitted, client_address, require_admin, token_matches
 from proxy.admin.forms import AgentForm, FormError, input_for
+from proxy.admin.inspect import find_session, inspect_session
 from proxy.admin.rendering import agent_url, render
 from proxy.admin.security import (
     CSRF_FIELD,
@@ -25,14 +27,12 @@ from proxy.admin.security import (
     set_admin_cookie,
     verify_csrf,
 )
-from proxy.auth import TooManyAttempts, admitted, client_address, require_admin, token_matches
-from proxy.compact import compact
+from proxy.admin.transcript import page_params, transcript_view
+from proxy.background.compact import compact
 from proxy.errors import BadRequest, ProxyError, Unauthorized
-from proxy.inspect import find_session, inspect_session
+from proxy.http.requests import read_body
 from proxy.metrics import inc
-from proxy.requests import read_body
 from proxy.services import Services
-from proxy.transcript import page_params, transcript_view
 
 FORM_LIMIT = 256 * 1024
 Page = Callable[[Request], Awaitable[Response]]

@@ -14,8 +14,8 @@ from markupsafe import Markup, escape
 from starlette.requests import Request
 from starlette.responses import HTMLResponse
 
+from proxy.admin.auth import COOKIE as ADMIN_COOKIE
 from proxy.admin.security import CSRF_FIELD, CsrfState
-from proxy.auth import COOKIE as ADMIN_COOKIE
 from proxy.services import Services
 
 HERE = Path(__file__).parent

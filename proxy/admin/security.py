@@ -25,8 +25,8 @@ from starlette.requests import HTTPConnection
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from proxy.auth import ADMIN_COOKIE_MAX_AGE, session_cookie
-from proxy.auth import COOKIE as ADMIN_COOKIE
+from proxy.admin.auth import ADMIN_COOKIE_MAX_AGE, session_cookie
+from proxy.admin.auth import COOKIE as ADMIN_COOKIE
 from proxy.errors import Forbidden
 from proxy.settings import LOOPBACK_HOSTS, Settings
 

@@ -1,2 +1,1 @@
-"""The API surfaces: adapters that read a request into stored records and render the
-window and the reply back in their API's shape."""
+"""Client-facing API surfaces: each wire protocol's request and reply shapes."""

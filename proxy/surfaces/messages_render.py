@@ -30,8 +30,8 @@ from typing import Any
 
 import orjson
 
-from proxy.cache_hints import EPHEMERAL, MAX_BREAKPOINTS, anthropic_breakpoints
 from proxy.surfaces.messages_request import CacheMark
+from proxy.turn.cache_hints import EPHEMERAL, MAX_BREAKPOINTS, anthropic_breakpoints
 from strategies import native
 from strategies.media_info import decode_base64, parse_data_url
 

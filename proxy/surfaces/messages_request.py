@@ -35,7 +35,7 @@ from typing import Any
 import orjson
 
 from proxy.errors import BadRequest
-from proxy.history_sync import fingerprint
+from proxy.turn.history_sync import fingerprint
 from strategies import native
 
 ROLES = ("user", "assistant", "system")

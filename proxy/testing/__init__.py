@@ -1,1 +1,1 @@
-"""Test doubles: fake upstreams on loopback."""
+"""Test doubles and demos: the fake upstream and the demo script."""

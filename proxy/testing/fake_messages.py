@@ -1,5 +1,5 @@
 """A fake Anthropic Messages API on loopback, for tests: the recording fake upstream
-(proxy/fake_upstream.py: server, script, pacing, cuts, disconnects) answering
+(proxy/testing/fake_upstream.py: server, script, pacing, cuts, disconnects) answering
 ``POST /v1/messages`` (JSON and Anthropic's stream events) and
 ``POST /v1/messages/count_tokens``.
 
@@ -26,7 +26,7 @@ from typing import Any
 
 import orjson
 
-from proxy.fake_upstream import (
+from proxy.testing.fake_upstream import (
     _JSON,
     FakeUpstream,
     Receive,

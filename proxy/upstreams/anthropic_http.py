@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import asyncio
 
-from proxy.upstream.base import SSEEvent, UpstreamRequest, UpstreamResponse
-from proxy.upstream.openai_http import OpenAIStream, OpenAIUpstream, _headers_of, _min
+from proxy.upstreams.base import SSEEvent, UpstreamRequest, UpstreamResponse
+from proxy.upstreams.openai_http import OpenAIStream, OpenAIUpstream, _headers_of, _min
 
 __all__ = ["ANTHROPIC_VERSION", "AnthropicStream", "AnthropicUpstream"]
 

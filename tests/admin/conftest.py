@@ -15,9 +15,9 @@ import httpx
 import pytest
 from admin_support import ADMIN_TOKEN, InProcessProxy
 
-from proxy.app import create_app
-from proxy.fake_upstream import FakeUpstream
+from proxy.http.app import create_app
 from proxy.settings import Settings
+from proxy.testing.fake_upstream import FakeUpstream
 
 MakeProxy = Callable[..., Awaitable[InProcessProxy]]
 

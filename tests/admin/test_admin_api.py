@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from admin_support import BEARER, CLIENT_KEY, write_agent
 
-from proxy.fake_upstream import Reply
+from proxy.testing.fake_upstream import Reply
 from strategies.config import SummarizingWindowConfig
 
 PROTECTED = [

@@ -16,9 +16,9 @@ import pytest
 from admin_support import ADMIN_TOKEN, CLIENT_KEY, write_agent
 from servers import ThreadedServer
 
-from proxy.app import create_app
-from proxy.fake_upstream import FakeUpstream, Reply
+from proxy.http.app import create_app
 from proxy.settings import Settings
+from proxy.testing.fake_upstream import FakeUpstream, Reply
 
 pytestmark = pytest.mark.browser
 

@@ -13,9 +13,9 @@ import httpx
 import pytest
 from admin_support import CLIENT_KEY, InProcessProxy
 
-from proxy.app import create_app
-from proxy.fake_upstream import FakeUpstream
+from proxy.http.app import create_app
 from proxy.settings import Settings
+from proxy.testing.fake_upstream import FakeUpstream
 
 CROSS_SITE = [
     {"Origin": "https://evil.example"},

@@ -11,7 +11,7 @@ import pytest
 from admin_support import ADMIN_TOKEN, BEARER, CSP, csrf_token_in, write_agent
 from markupsafe import escape
 
-from proxy.fake_upstream import Reply
+from proxy.testing.fake_upstream import Reply
 from strategies.config import SummarizingWindowConfig
 
 PAGES = [

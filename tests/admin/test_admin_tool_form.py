@@ -9,7 +9,7 @@ import re
 import pytest
 from admin_support import CLIENT_KEY, write_agent
 
-from proxy.identity import namespace_for
+from proxy.turn.identity import namespace_for
 from strategies.records import LoadSpec, SessionKey
 
 TOOLS = [{"name": "web_search", "maxResultChars": 2000, "description": "searches the web"},

@@ -7,7 +7,7 @@ import orjson
 from admin_support import BEARER, CLIENT_KEY
 from markupsafe import escape
 
-from proxy.identity import namespace_for
+from proxy.turn.identity import namespace_for
 from strategies.records import SessionKey, SummaryRecord
 
 PAGE = "/admin/agents/helper/sessions/s1/transcript"

@@ -17,8 +17,8 @@ import orjson
 import pytest
 from servers import free_port
 
-from proxy.fake_upstream import FakeUpstream
-from proxy.sse import parse_sse
+from proxy.testing.fake_upstream import FakeUpstream
+from proxy.upstreams.sse import parse_sse
 
 ROOT = Path(__file__).resolve().parents[2]
 MESSAGES: list[Any] = [

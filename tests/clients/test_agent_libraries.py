@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from proxy.fake_upstream import Reply
+from proxy.testing.fake_upstream import Reply
 
 MODEL = "gpt-4o"
 FACT = "Remember the code CODE-X1."

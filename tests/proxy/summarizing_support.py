@@ -14,7 +14,7 @@ import httpx
 import openai
 from e2e import ADMIN_TOKEN
 
-from proxy.fake_upstream import FakeUpstream, RecordedRequest, Reply
+from proxy.testing.fake_upstream import FakeUpstream, RecordedRequest, Reply
 from strategies.summary_prompt import is_summarizer_request
 from strategies.tokens import count_message, count_text
 

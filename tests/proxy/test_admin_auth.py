@@ -8,7 +8,7 @@ import time
 import pytest
 from starlette.requests import Request
 
-from proxy import auth
+from proxy.admin import auth
 from proxy.errors import Forbidden, Unauthorized
 from proxy.settings import Settings
 

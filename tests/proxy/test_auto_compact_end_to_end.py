@@ -12,7 +12,7 @@ import httpx
 import pytest
 from e2e import ADMIN_TOKEN, write_agent
 
-from proxy.fake_upstream import FakeUpstream, Reply
+from proxy.testing.fake_upstream import FakeUpstream, Reply
 from strategies.summary_prompt import is_summarizer_request
 from strategies.tokens import count_message
 from strategies.validity import check_openai_messages

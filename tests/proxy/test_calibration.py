@@ -7,7 +7,7 @@ import pytest
 from e2e import write_agent
 from summarizing_support import MODEL, DeltaSession, prompt_tokens, scripted, sized
 
-from proxy.persist import (
+from proxy.turn.persist import (
     CALIBRATION_BOUNDS,
     CALIBRATION_TRUSTED_TOKENS,
     CALIBRATION_WEIGHT,

@@ -11,7 +11,7 @@ import openai
 import pytest
 from e2e import ADMIN_TOKEN, CLIENT_KEY
 
-from proxy.fake_upstream import FakeUpstream, Reply
+from proxy.testing.fake_upstream import FakeUpstream, Reply
 
 
 def sent_messages(fake: FakeUpstream, index: int = -1) -> list[dict]:

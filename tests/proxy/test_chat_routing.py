@@ -1,5 +1,5 @@
-"""The chat route's own dispatch (proxy/app.py ProxyApp, proxy/chat.py chat_path_params):
-the same paths as the routing table, answered without it."""
+"""The chat route's own dispatch (proxy/http/app.py ProxyApp, proxy/surfaces/chat.py
+chat_path_params): the same paths as the routing table, answered without it."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import httpx
 import pytest
 from e2e import CLIENT_KEY
 
-from proxy.app import create_app
-from proxy.chat import chat_path_params
-from proxy.fake_upstream import Reply
+from proxy.http.app import create_app
 from proxy.settings import Settings
+from proxy.surfaces.chat import chat_path_params
+from proxy.testing.fake_upstream import Reply
 
 
 @pytest.mark.parametrize(
@@ -78,7 +78,7 @@ def test_a_serving_process_freezes_start_up_objects_and_raises_gc_thresholds():
 
     script = (
         "import asyncio, gc\n"
-        "from proxy.app import create_app, GC_THRESHOLDS\n"
+        "from proxy.http.app import create_app, GC_THRESHOLDS\n"
         "from proxy.settings import Settings\n"
         "async def main():\n"
         "    app = create_app(Settings(store_url='sqlite:///:memory:', tune_gc=True,\n"

@@ -13,7 +13,7 @@ from summarizing_support import (
     summarizer_requests,
 )
 
-from proxy.fake_upstream import Reply
+from proxy.testing.fake_upstream import Reply
 from strategies.tokens import count_message
 
 WINDOW = 4000

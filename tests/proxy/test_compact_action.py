@@ -15,7 +15,7 @@ from summarizing_support import (
     tool_contents,
 )
 
-from proxy.fake_upstream import Reply
+from proxy.testing.fake_upstream import Reply
 from strategies.compression import STUB_HINT
 from strategies.summary_prompt import SUMMARY_SYSTEM_PROMPT
 from strategies.validity import check_openai_messages

@@ -20,8 +20,8 @@ from e2e import CLIENT_KEY, write_agent
 from redis_server import flush_redis
 from servers import free_port
 
-from proxy.fake_upstream import FakeUpstream, Reply
-from proxy.identity import namespace_for
+from proxy.testing.fake_upstream import FakeUpstream, Reply
+from proxy.turn.identity import namespace_for
 from storage.redis import RedisStore
 from strategies.records import LoadSpec, SessionKey, SessionSnapshot
 from strategies.summary_prompt import is_summarizer_request

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from proxy.disconnect import WATCH_AFTER_SECONDS, ClientDisconnected, unless_disconnected
+from proxy.http.disconnect import WATCH_AFTER_SECONDS, ClientDisconnected, unless_disconnected
 
 
 class Client:

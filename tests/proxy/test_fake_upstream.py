@@ -16,9 +16,9 @@ import openai
 import orjson
 import pytest
 
-from proxy.fake_upstream import FakeUpstream, Reply, count_tokens_roughly
-from proxy.sse import parse_sse
-from proxy.streaming import ReplyAccumulator
+from proxy.surfaces.chat_reply import ReplyAccumulator
+from proxy.testing.fake_upstream import FakeUpstream, Reply, count_tokens_roughly
+from proxy.upstreams.sse import parse_sse
 
 ROOT = Path(__file__).resolve().parents[2]
 MESSAGES: list[Any] = [{"role": "system", "content": "be brief"},
@@ -233,7 +233,10 @@ def _free_port() -> int:
 def test_the_module_serves_standalone_from_the_command_line() -> None:
     port = _free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "proxy.fake_upstream", "--port", str(port), "--reply-words", "3"],
+        [
+            sys.executable, "-m", "proxy.testing.fake_upstream",
+            "--port", str(port), "--reply-words", "3",
+        ],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     try:

@@ -10,12 +10,12 @@ import orjson
 import pytest
 from e2e import CLIENT_KEY, write_agent
 
-from proxy.builtin_tools import MAX_ROUNDS, Offered
-from proxy.fake_upstream import Reply
-from proxy.fetch_stream import FetchStream
-from proxy.fetch_tool import FETCH_TOOL, TOOL_DEFINITION
-from proxy.streaming import ReplyAccumulator
-from proxy.upstream.base import SSEEvent, UpstreamRequest
+from proxy.surfaces.chat_reply import ReplyAccumulator
+from proxy.testing.fake_upstream import Reply
+from proxy.tools.builtin import MAX_ROUNDS, Offered
+from proxy.tools.fetch_tool import FETCH_TOOL, TOOL_DEFINITION
+from proxy.tools.stream import FetchStream
+from proxy.upstreams.base import SSEEvent, UpstreamRequest
 from strategies.records import SessionKey, StoredMessage
 from strategies.summary_prompt import SUMMARY_SYSTEM_PROMPT
 from strategies.validity import check_openai_messages

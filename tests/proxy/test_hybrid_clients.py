@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.fake_upstream import Reply
+from proxy.testing.fake_upstream import Reply
 
 SYSTEM = {"role": "system", "content": "You are terse."}
 WEATHER = {"type": "function", "function": {
@@ -152,7 +152,7 @@ def test_a_tool_round_resent_after_a_compaction_continues_the_compacted_turn(
     next request loads starts after it, and the tool round is still found as the tail."""
     from e2e import write_agent
 
-    from proxy.fake_upstream import Reply as FakeReply
+    from proxy.testing.fake_upstream import Reply as FakeReply
     from strategies.summary_prompt import SUMMARY_SYSTEM_PROMPT
 
     def model(body: dict) -> FakeReply:

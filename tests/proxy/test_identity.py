@@ -7,7 +7,7 @@ import pytest
 from e2e import CLIENT_KEY, write_agent
 
 from proxy.errors import BadRequest
-from proxy.identity import identify, namespace_for
+from proxy.turn.identity import identify, namespace_for
 
 USER = [{"role": "user", "content": "hello"}]
 

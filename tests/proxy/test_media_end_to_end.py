@@ -12,7 +12,7 @@ from e2e import ADMIN_TOKEN, write_agent
 from media_samples import b64, data_url, pdf, png, wav
 from media_support import RecordingMapper, RecordingPartReader
 
-from proxy.fake_upstream import Reply
+from proxy.testing.fake_upstream import Reply
 from storage.redis_client import connect, disconnect
 from storage.sqlite import SqliteStore
 from strategies.tokens import count_message

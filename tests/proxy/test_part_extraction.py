@@ -8,8 +8,8 @@ import pytest
 from media_samples import b64, data_url, jpeg, pdf, png, wav
 
 from proxy.errors import BadRequest
-from proxy.parts import PartBlob, announced_attachments, extract_parts
-from proxy.turns import new_record
+from proxy.turn.parts import PartBlob, announced_attachments, extract_parts
+from proxy.turn.turns import new_record
 from strategies import media
 from strategies.tokens import count_message
 

@@ -17,8 +17,8 @@ from summarizing_support import (
     summarizer_requests,
 )
 
-from proxy.fake_upstream import Reply
-from proxy.prompt_cache import cache_usage
+from proxy.testing.fake_upstream import Reply
+from proxy.turn.prompt_cache import cache_usage
 
 WINDOW = 4000
 BUDGET = 3200  # maxConversationRatio 0.8

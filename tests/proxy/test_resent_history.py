@@ -12,9 +12,9 @@ import orjson
 import pytest
 from e2e import RunningProxy
 
-import proxy.history_sync as history_sync
-from proxy.fake_upstream import Reply
-from proxy.turns import new_record
+import proxy.turn.history_sync as history_sync
+from proxy.testing.fake_upstream import Reply
+from proxy.turn.turns import new_record
 from storage.sqlite import SqliteStore
 from strategies.records import LoadSpec, SessionKey, TurnWrite
 

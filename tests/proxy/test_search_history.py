@@ -16,8 +16,8 @@ from test_fetch_tool_result import (
     search_call,
 )
 
-from proxy.builtin_tools import MAX_ROUNDS
-from proxy.fake_upstream import Reply
+from proxy.testing.fake_upstream import Reply
+from proxy.tools.builtin import MAX_ROUNDS
 from strategies.validity import check_openai_messages
 
 AGENT = "historian"

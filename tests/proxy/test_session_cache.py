@@ -13,8 +13,8 @@ import pytest
 from e2e import RunningProxy, write_agent
 from summarizing_support import MODEL, sized
 
-from proxy.fake_upstream import Reply
-from proxy.session_cache import SessionCache, decision_bytes, estimated_bytes, key_bytes
+from proxy.testing.fake_upstream import Reply
+from proxy.turn.session_cache import SessionCache, decision_bytes, estimated_bytes, key_bytes
 from strategies.records import (
     LoadSpec,
     SessionKey,

@@ -7,7 +7,7 @@ from e2e import ADMIN_TOKEN, CLIENT_KEY, write_agent
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.fake_upstream import Reply
+from proxy.testing.fake_upstream import Reply
 from strategies.validity import check_openai_messages
 
 

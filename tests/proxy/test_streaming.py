@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.sse import SSEParser, _data_of, parse_sse
-from proxy.streaming import ReplyAccumulator
-from proxy.upstream.base import SSEEvent
+from proxy.surfaces.chat_reply import ReplyAccumulator
+from proxy.upstreams.base import SSEEvent
+from proxy.upstreams.sse import SSEParser, _data_of, parse_sse
 
 # ---- SSE parser ----
 
@@ -274,7 +274,7 @@ def test_the_accumulator_reads_every_chunk_shape_providers_send() -> None:
     choices, a usage-only last chunk): the reply is what the chunks say."""
     import random
 
-    from proxy.streaming import ReplyAccumulator
+    from proxy.surfaces.chat_reply import ReplyAccumulator
 
     rng = random.Random(3)
     for _ in range(300):
@@ -346,7 +346,7 @@ class ReadsStream:
 async def test_events_that_arrive_together_are_forwarded_together() -> None:
     """One write per read of the upstream: what one read brought (``ready()``) goes out in
     one piece, in order, up to ``[DONE]``; a later read is a later piece."""
-    from proxy.chat import DONE, relay
+    from proxy.surfaces.chat import DONE, relay
 
     def event(text: str) -> SSEEvent:
         data = b'{"choices":[{"index":0,"delta":{"content":"' + text.encode() + b'"}}]}'
@@ -363,7 +363,7 @@ async def test_events_that_arrive_together_are_forwarded_together() -> None:
 async def test_events_before_a_malformed_one_in_the_same_read_are_still_forwarded() -> None:
     """Forwarding per read keeps what per event did: the events before one that cannot be
     read are sent, then the stream ends with an upstream error event."""
-    from proxy.chat import relay
+    from proxy.surfaces.chat import relay
 
     good = b'{"id":"c","choices":[{"index":0,"delta":{"content":"a"}}]}'
     stream = ReadsStream([[SSEEvent(b"data: " + good + b"\n\n", good),

@@ -28,9 +28,9 @@ from summarizing_support import (
     tool_contents,
 )
 
-from proxy import summarizer
-from proxy.fake_upstream import Reply
-from proxy.summarizer import run_plan
+from proxy.background import summarizer
+from proxy.background.summarizer import run_plan
+from proxy.testing.fake_upstream import Reply
 from strategies.base import SummarizePlan
 from strategies.compression import STUB_HINT
 from strategies.summary_prompt import SUMMARY_SYSTEM_PROMPT

@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.history_sync import Fingerprints, fingerprint, match_page
-from proxy.sync_plan import detect_mode, earlier_span, needs_earlier, plan_sync
+from proxy.turn.history_sync import Fingerprints, fingerprint, match_page
+from proxy.turn.sync_plan import detect_mode, earlier_span, needs_earlier, plan_sync
 from strategies.records import SessionMeta, SessionSnapshot, StoredMessage
 
 USER_TEXTS = ["yes", "continue", "go on", "why?", "ok"]  # people repeat themselves

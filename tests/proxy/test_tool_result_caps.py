@@ -7,8 +7,8 @@ import pytest
 from e2e import write_agent
 
 from proxy.agents import ResolvedAgent, parse_definition
-from proxy.fake_upstream import Reply
-from proxy.tool_caps import TOOL_RESULT_CAP, cap_tool_result, result_limit, truncation_note
+from proxy.testing.fake_upstream import Reply
+from proxy.turn.tool_caps import TOOL_RESULT_CAP, cap_tool_result, result_limit, truncation_note
 
 
 def call(call_id: str, name: str) -> dict:

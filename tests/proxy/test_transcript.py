@@ -9,7 +9,7 @@ import pytest
 from e2e import ADMIN_TOKEN
 from media_samples import data_url, png
 
-from proxy.fake_upstream import Reply
+from proxy.testing.fake_upstream import Reply
 from strategies.records import SummaryRecord
 
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -105,7 +105,7 @@ def test_the_jsonl_export_streams_the_whole_session_with_summaries_in_place(reco
 
 
 def test_the_export_pages_through_a_session_longer_than_a_page(proxy, monkeypatch):
-    monkeypatch.setattr("proxy.transcript.EXPORT_PAGE", 3)
+    monkeypatch.setattr("proxy.admin.transcript.EXPORT_PAGE", 3)
     client = proxy.client(AGENT, "long")
     for i in range(4):
         client.chat.completions.create(model="gpt-4o",

@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 
 from proxy.errors import UpstreamConnectError, UpstreamStatusError, UpstreamTimeout
-from proxy.fake_upstream import FakeUpstream, Reply
-from proxy.streaming import ReplyAccumulator
-from proxy.upstream.base import SSEEvent, UpstreamRequest, UpstreamResponse
-from proxy.upstream.litellm_upstream import LitellmUpstream
-from proxy.upstream.openai_http import OpenAIUpstream
-from proxy.upstream.router import RoutedUpstream
+from proxy.surfaces.chat_reply import ReplyAccumulator
+from proxy.testing.fake_upstream import FakeUpstream, Reply
+from proxy.upstreams.base import SSEEvent, UpstreamRequest, UpstreamResponse
+from proxy.upstreams.litellm_upstream import LitellmUpstream
+from proxy.upstreams.openai_http import OpenAIUpstream
+from proxy.upstreams.router import RoutedUpstream
 
 MESSAGES = [{"role": "user", "content": "hi there"}]
 

@@ -25,8 +25,8 @@ from tiny_server import (
 )
 
 from proxy.errors import UpstreamConnectError, UpstreamStatusError, UpstreamTimeout
-from proxy.upstream.base import UpstreamRequest
-from proxy.upstream.openai_http import OpenAIUpstream, TLSSettings
+from proxy.upstreams.base import UpstreamRequest
+from proxy.upstreams.openai_http import OpenAIUpstream, TLSSettings
 
 CHAT = UpstreamRequest({"model": "m", "messages": []}, {"Authorization": "Bearer sk-client"})
 
@@ -251,7 +251,7 @@ async def test_a_client_certificate_is_presented_when_configured(
 async def test_the_tls_and_pool_settings_reach_the_direct_upstream(
     certificates: tuple[Path, Path, Path],
 ) -> None:
-    from proxy.app import build_upstream
+    from proxy.http.app import build_upstream
     from proxy.settings import Settings
 
     ca, cert, key = certificates

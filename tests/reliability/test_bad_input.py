@@ -11,7 +11,7 @@ import pytest
 from e2e import CLIENT_KEY, RunningProxy
 from reliability_support import is_openai_error
 
-from proxy.fake_upstream import FakeUpstream
+from proxy.testing.fake_upstream import FakeUpstream
 
 LIMIT = 16 * 1024
 

@@ -14,10 +14,10 @@ from e2e import CLIENT_KEY, RunningProxy
 from reliability_support import is_openai_error, report
 
 from proxy import model_info
-from proxy.fake_upstream import FakeUpstream
-from proxy.identity import namespace_for
-from proxy.limits import MAX_IDENTIFIER_CHARS
-from proxy.session_cache import SessionCache
+from proxy.http.limits import MAX_IDENTIFIER_CHARS
+from proxy.testing.fake_upstream import FakeUpstream
+from proxy.turn.identity import namespace_for
+from proxy.turn.session_cache import SessionCache
 from strategies import tokens
 from strategies.records import LoadSpec, SessionKey, SessionMeta, SessionSnapshot, StoredMessage
 

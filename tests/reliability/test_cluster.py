@@ -20,8 +20,8 @@ from redis_cluster import RedisCluster
 from reliability_support import ProxyProcess, is_openai_error, report, start_proxies
 from test_concurrent_turns import TURNS_PER_WRITER, WRITERS, check_log, read_session, run_writers
 
-from proxy.fake_upstream import FakeUpstream
-from proxy.identity import namespace_for
+from proxy.testing.fake_upstream import FakeUpstream
+from proxy.turn.identity import namespace_for
 from storage.redis import RedisStore
 from strategies.records import SessionKey
 

@@ -22,7 +22,7 @@ import pytest
 from e2e import CLIENT_KEY, RunningProxy, write_agent
 from reliability_support import report, scaled
 
-from proxy.fake_upstream import FakeUpstream, Reply, echo_reply
+from proxy.testing.fake_upstream import FakeUpstream, Reply, echo_reply
 from strategies.summary_prompt import SUMMARY_SYSTEM_PROMPT
 
 WRITERS = 8

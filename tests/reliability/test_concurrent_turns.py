@@ -19,8 +19,8 @@ from e2e import ADMIN_TOKEN, CLIENT_KEY, RunningProxy
 from redis_server import RedisServer, flush_redis
 from reliability_support import report, scaled, start_proxies
 
-from proxy.fake_upstream import FakeUpstream
-from proxy.identity import namespace_for
+from proxy.testing.fake_upstream import FakeUpstream
+from proxy.turn.identity import namespace_for
 from storage.redis import RedisStore
 from strategies.records import LoadSpec, SessionKey, StoredMessage
 

@@ -27,10 +27,10 @@ from redis_server import RedisServer, free_port
 from reliability_support import ProxyProcess, report, scaled
 from servers import ThreadedServer
 
-from proxy.app import create_app
-from proxy.fake_upstream import FakeUpstream, Reply, echo_reply
-from proxy.identity import namespace_for
+from proxy.http.app import create_app
 from proxy.settings import Settings
+from proxy.testing.fake_upstream import FakeUpstream, Reply, echo_reply
+from proxy.turn.identity import namespace_for
 from storage.registry import open_store
 from strategies.records import LoadSpec, SessionKey, StoredMessage
 

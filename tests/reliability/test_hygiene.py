@@ -21,7 +21,7 @@ from e2e import ADMIN_TOKEN, CLIENT_KEY, RunningProxy, write_agent
 from media_samples import data_url, png
 from redis.asyncio import Redis
 
-from proxy.fake_upstream import FakeUpstream, Reply, echo_reply
+from proxy.testing.fake_upstream import FakeUpstream, Reply, echo_reply
 from strategies.summary_prompt import is_summarizer_request
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}

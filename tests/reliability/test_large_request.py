@@ -19,7 +19,7 @@ import pytest
 from e2e import CLIENT_KEY, RunningProxy
 from reliability_support import report
 
-from proxy.fake_upstream import FakeUpstream, Reply
+from proxy.testing.fake_upstream import FakeUpstream, Reply
 
 HEALTH_BOUND = 0.100
 BUSY_HOST_BOUND = 0.500

@@ -24,10 +24,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from reliability_support import is_openai_error, report, scaled
 
-from proxy.app import create_app
-from proxy.fake_upstream import FakeUpstream, Reply
-from proxy.identity import namespace_for
+from proxy.http.app import create_app
 from proxy.settings import Settings
+from proxy.testing.fake_upstream import FakeUpstream, Reply
+from proxy.turn.identity import namespace_for
 from strategies.records import LoadSpec, SessionKey
 
 FUZZ_KEY = "sk-fuzz-key"

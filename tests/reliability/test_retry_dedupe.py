@@ -16,7 +16,7 @@ import openai
 import pytest
 from e2e import CLIENT_KEY, RunningProxy
 
-from proxy.fake_upstream import FakeUpstream, Reply
+from proxy.testing.fake_upstream import FakeUpstream, Reply
 from storage.base import StoreUnavailable
 from strategies.records import SessionKey, TurnWrite
 

@@ -22,7 +22,7 @@ import pytest
 from e2e import ADMIN_TOKEN, RunningProxy, write_agent
 from redis.asyncio import Redis
 
-from proxy.fake_upstream import FakeUpstream, Reply, echo_reply
+from proxy.testing.fake_upstream import FakeUpstream, Reply, echo_reply
 from strategies.summary_prompt import is_summarizer_request
 
 CANARY = f"sk-CANARY-{uuid.uuid4().hex}"

@@ -19,7 +19,7 @@ from e2e import CLIENT_KEY, RunningProxy
 from redis_server import RedisServer, free_port
 from reliability_support import is_openai_error, report
 
-from proxy.fake_upstream import FakeUpstream, Reply
+from proxy.testing.fake_upstream import FakeUpstream, Reply
 
 FAIL_FAST = 2.0
 

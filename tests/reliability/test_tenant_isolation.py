@@ -19,9 +19,9 @@ from e2e import ADMIN_TOKEN, RunningProxy, write_agent
 from media_samples import data_url, png
 from starlette.routing import BaseRoute, Mount, Route
 
-import proxy.auth
-from proxy.app import routes
-from proxy.fake_upstream import FakeUpstream
+import proxy.admin.auth
+from proxy.http.app import routes
+from proxy.testing.fake_upstream import FakeUpstream
 
 KEY_A = "sk-tenant-a-0001"
 KEY_B = "sk-tenant-b-0002"
@@ -190,11 +190,11 @@ def test_admin_tokens_are_compared_in_constant_time(
 
 
 def proxy_auth_hmac() -> Any:
-    """The ``hmac`` module as ``proxy.auth`` sees it (patched there, nowhere else)."""
-    return proxy.auth.hmac
+    """The ``hmac`` module as ``proxy.admin.auth`` sees it (patched there, nowhere else)."""
+    return proxy.admin.auth.hmac
 
 
 def token_comparison_source() -> str:
     import inspect
 
-    return inspect.getsource(proxy.auth.token_matches)
+    return inspect.getsource(proxy.admin.auth.token_matches)

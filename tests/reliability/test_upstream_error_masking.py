@@ -12,7 +12,7 @@ import pytest
 from e2e import RunningProxy
 from reliability_support import is_openai_error
 
-from proxy.fake_upstream import FakeUpstream, Reply, error_json
+from proxy.testing.fake_upstream import FakeUpstream, Reply, error_json
 
 CLIENT_SECRET = "client-own-key-4d2f91"
 UPSTREAM_SECRET = "sk-upstream-own-key-88ab01cd"

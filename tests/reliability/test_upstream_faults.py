@@ -21,7 +21,7 @@ from e2e import CLIENT_KEY, RunningProxy
 from redis_server import free_port
 from reliability_support import is_openai_error, report
 
-from proxy.fake_upstream import FakeUpstream, Reply
+from proxy.testing.fake_upstream import FakeUpstream, Reply
 
 HI = [{"role": "user", "content": "hi"}]
 

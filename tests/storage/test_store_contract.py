@@ -146,7 +146,7 @@ async def test_messages_round_trip_every_field_and_keep_their_token_counts(store
 async def test_a_replys_window_and_cache_meta_round_trip_in_the_turns_append(
     store: Store,
 ) -> None:
-    # what proxy/prompt_cache.py writes on a reply's record, in the same append as the turn
+    # what proxy/turn/prompt_cache.py writes on a reply's record, in the same append as the turn
     meta = {
         "model": "gpt-4o",
         "window": {"start": 1, "end": 1, "tokens": 812, "summary": 0, "marked": 0,

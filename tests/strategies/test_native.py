@@ -9,7 +9,7 @@ import orjson
 import pytest
 from helpers import context
 
-from proxy.history_sync import fingerprint
+from proxy.turn.history_sync import fingerprint
 from strategies import native
 from strategies.base import Window, WindowItem
 from strategies.compression import compression_stub, content_text

@@ -7,11 +7,11 @@ import orjson
 import pytest
 
 from proxy.errors import UpstreamStatusError
-from proxy.fake_upstream import Reply
 from proxy.surfaces.messages_reply import MessageAccumulator
 from proxy.testing.fake_messages import FakeMessages, anthropic_error, thinking
-from proxy.upstream.base import UpstreamRequest
+from proxy.testing.fake_upstream import Reply
 from proxy.upstreams.anthropic_http import AnthropicUpstream
+from proxy.upstreams.base import UpstreamRequest
 
 BODY = {"model": "claude-sonnet-4-5", "max_tokens": 50,
         "messages": [{"role": "user", "content": "hello there"}]}

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.history_sync import fingerprint
 from proxy.surfaces.messages_render import NO_RESULT, check_messages, render_window
 from proxy.surfaces.messages_request import parse_request
+from proxy.turn.history_sync import fingerprint
 from strategies import native
 from strategies.base import WindowContext
 from strategies.config import parse_memory_config

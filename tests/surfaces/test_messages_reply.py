@@ -6,10 +6,7 @@ import orjson
 import pytest
 
 from proxy.errors import UpstreamReplyError
-from proxy.fake_upstream import Reply, _Reply
-from proxy.history_sync import fingerprint
-from proxy.sse import parse_sse
-from proxy.streaming import ReplyAccumulator
+from proxy.surfaces.chat_reply import ReplyAccumulator
 from proxy.surfaces.messages_reply import MessageAccumulator, message_of, store_usage
 from proxy.surfaces.messages_request import parse_request
 from proxy.surfaces.messages_translate import (
@@ -19,6 +16,9 @@ from proxy.surfaces.messages_translate import (
     normalized_reply,
 )
 from proxy.testing.fake_messages import _MessageReply, thinking
+from proxy.testing.fake_upstream import Reply, _Reply
+from proxy.turn.history_sync import fingerprint
+from proxy.upstreams.sse import parse_sse
 from strategies import native
 
 REQUEST = {"model": "claude-sonnet-4-5", "max_tokens": 100, "stream": True,

@@ -7,8 +7,8 @@ import base64
 import pytest
 
 from proxy.errors import BadRequest
-from proxy.history_sync import fingerprint
 from proxy.surfaces.messages_request import parse_request
+from proxy.turn.history_sync import fingerprint
 from strategies import native
 
 THINKING = {"type": "thinking", "thinking": "I should list the files.", "signature": "EqQBsig=="}

@@ -1,0 +1,1 @@
+"""Work after the reply: summarizing, compacting and the after-turn scheduler."""

@@ -1,0 +1,1 @@
+"""HTTP layer: the Starlette app and routes, request parsing, limits, responses."""

@@ -1,0 +1,1 @@
+"""Built-in tools served to the model: fetch, history search, streamed execution."""
