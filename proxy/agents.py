@@ -31,6 +31,9 @@ class LlmSpec(BaseModel):
     contextWindow: int | None = Field(default=None, gt=0)
     capabilities: list[Literal["image", "document", "audio"]] | None = None
     summarizerModel: str | None = None
+    # the API the model is called through: chat completions, Anthropic's Messages or
+    # OpenAI's Responses; None: detected from the surface and the model (docs/SURFACES.md)
+    api: Literal["chat", "messages", "responses"] | None = None
 
 
 class ToolRef(BaseModel):

@@ -47,6 +47,8 @@ class Services:
     # chat requests being served: with others under way, a turn's append may share their
     # commit (Store.append_turn's with_others)
     chats_under_way: int = 0
+    # the Messages API upstream (proxy/upstreams/anthropic_http.py), built on first use
+    messages_upstream: Any = None
 
     def remember_credentials(self, key: SessionKey, headers: dict[str, str]) -> None:
         self.credentials[key] = headers

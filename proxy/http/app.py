@@ -38,6 +38,7 @@ from proxy.metrics import metrics_endpoint
 from proxy.services import Services
 from proxy.settings import Settings
 from proxy.surfaces.chat import chat_app, chat_path_params, forwarded_headers
+from proxy.surfaces.messages import count_tokens_app, messages_app
 from proxy.turn.session_cache import SessionCache
 from proxy.upstreams.base import Upstream, header_secrets
 from storage.base import Store
@@ -97,6 +98,11 @@ def build_upstream(settings: Settings) -> Upstream:
     )
 
 
+async def base_url_check(request: Request) -> Response:
+    """``HEAD`` on a base URL (Claude Code checks it is reachable before its first call)."""
+    return Response(status_code=200)
+
+
 async def health(request: Request) -> Response:
     return json_response({"status": "ok"})
 
@@ -144,8 +150,15 @@ def routes() -> list[BaseRoute]:
         "/agents/{agent}/v1/models",
         "/agents/{agent}/sessions/{session}/v1/models",
     ]
+    bases = ["", "/agents/{agent}", "/agents/{agent}/sessions/{session}"]
     found: list[BaseRoute] = [Route(p, chat_app, methods=["POST"]) for p in chat_paths]
     found += [Route(p, models, methods=["GET"]) for p in model_paths]
+    # the Messages API (proxy/surfaces/messages.py); Anthropic's clients check their base
+    # URL with a HEAD first
+    found += [Route(b + "/v1/messages", messages_app, methods=["POST"]) for b in bases]
+    found += [Route(b + "/v1/messages/count_tokens", count_tokens_app, methods=["POST"])
+              for b in bases]
+    found += [Route(b or "/", base_url_check, methods=["HEAD"]) for b in bases]
     found += [
         Route("/health", health, methods=["GET"]),
         Route("/ready", ready, methods=["GET"]),
@@ -238,6 +251,8 @@ def create_app(
         finally:
             await services.drain()
             await services.upstream.close()
+            if services.messages_upstream is not None:
+                await services.messages_upstream.close()
             await services.store.close()
 
     handlers: dict[Any, Any] = {

@@ -227,7 +227,9 @@ async def prepare_turn(
     conversation: list[dict[str, Any]],
     history_header: str | None,
     retry: sync_plan.RetryHint | None = None,
+    api: str = "chat",
 ) -> Turn:
+    """``api``: the API the window is rendered for (``MappingContext.api``)."""
     key = SessionKey(identity.namespace, identity.agent, identity.session)
     await wait_for_compaction(services, key)
     agent = resolve_agent(services, identity.agent)
@@ -309,6 +311,7 @@ async def prepare_turn(
         model=model,
         capabilities=agent.capabilities(model),
         current_turn_seq=messages[start].seq if messages else 0,
+        api=api,
     )
     # media blocks of the current turn: new parts stored, shown ones loaded, their extra
     # tokens budgeted before the strategy selects
