@@ -34,6 +34,7 @@ from proxy.http.requests import parse_json_object
 from proxy.services import Services
 from proxy.surfaces.chat import SSE_HEADERS, forwarded_headers, upstream_body
 from proxy.surfaces.chat_reply import completion_of
+from proxy.surfaces.messages_chat import messages_upstream
 from proxy.surfaces.messages_render import render_window
 from proxy.surfaces.messages_reply import message_of, record_of, store_usage
 from proxy.surfaces.messages_request import MessagesRequest, parse_request
@@ -111,28 +112,6 @@ async def _read(services: Services, call: ChatCall, *, count_only: bool
     return request, headers
 
 
-def _messages_upstream(services: Services) -> Any:
-    upstream = services.messages_upstream
-    if upstream is None:
-        from proxy.upstreams.anthropic_http import AnthropicUpstream
-        from proxy.upstreams.openai_http import TLSSettings
-
-        settings = services.settings
-        upstream = services.messages_upstream = AnthropicUpstream(
-            settings.anthropic_url,
-            api_key=settings.anthropic_key(),
-            timeout=settings.upstream_timeout,
-            max_connections=settings.upstream_max_connections,
-            tls=TLSSettings(
-                ca_bundle=settings.upstream_ca_bundle,
-                client_cert=settings.upstream_client_cert,
-                client_key=settings.upstream_client_key,
-                verify=settings.upstream_tls_verify,
-            ),
-        )
-    return upstream
-
-
 def _route(services: Services, call: ChatCall, request: MessagesRequest
            ) -> tuple[Identity | None, bool]:
     """The request's identity (None with ``X-Memory: off``) and whether it goes to the
@@ -190,6 +169,7 @@ def _native_body(services: Services, request: MessagesRequest, turn: Turn) -> di
                                                   services.settings.cache_breakpoints),
     )
     out = upstream_body(request.body, rendered.messages)
+    turn.tools = out.get("tools")  # the summarizer may send them again
     if rendered.system:
         out["system"] = rendered.system
     else:
@@ -205,6 +185,7 @@ def _translated_body(services: Services, request: MessagesRequest, turn: Turn | 
     ]
     out = chat_request(request.body, messages)
     if turn is not None:
+        turn.tools = out.get("tools")
         changed = prompt_cache.changed_index(turn.window, turn.messages,
                                              turn.window_meta.get("changes", ()))
         cache_hints.for_session(out, turn.key, services.settings, changed)
@@ -219,12 +200,12 @@ async def create_message(services: Services, call: ChatCall, query: str
 
     async def store(reply: dict[str, Any], usage: dict[str, Any] | None) -> None:
         if turn is not None:
-            await _finish(services, turn, reply, usage, headers)
+            await _finish(services, turn, reply, usage, headers, messages_api=native_api)
 
     reply_headers = turn.headers if turn is not None else {}
     receive = call.receive
     if native_api:
-        upstream = _messages_upstream(services)
+        upstream = messages_upstream(services)
         body = _native_body(services, request, turn) if turn is not None \
             else upstream_body(request.body, None)
         outgoing = UpstreamRequest(body, headers)
@@ -250,8 +231,8 @@ async def create_message(services: Services, call: ChatCall, query: str
                     completion.get("usage"))
         return BodyReply(200, orjson.dumps(message), _with_cache(
             reply_headers, completion.get("usage")))
-    stream = await unless_disconnected(receive, services.upstream.chat_stream(outgoing))
-    return _stream_reply(relay_translated(stream, request.model,
+    chat_stream = await unless_disconnected(receive, services.upstream.chat_stream(outgoing))
+    return _stream_reply(relay_translated(chat_stream, request.model,
                                           store if turn is not None else None), reply_headers)
 
 
@@ -269,7 +250,8 @@ def _with_cache(headers: dict[str, str], usage: Any) -> dict[str, str]:
 
 
 async def _finish(services: Services, turn: Turn, reply: dict[str, Any],
-                  usage: dict[str, Any] | None, headers: dict[str, str]) -> None:
+                  usage: dict[str, Any] | None, headers: dict[str, str], *,
+                  messages_api: bool) -> None:
     stored = {"role": "assistant", "content": reply.get("content")}
     if reply.get("tool_calls"):
         stored["tool_calls"] = reply["tool_calls"]
@@ -278,7 +260,7 @@ async def _finish(services: Services, turn: Turn, reply: dict[str, Any],
     metrics.count_turn(kind, turn.window.tokens, turn.modified)
     metrics.count_cache(kind, prompt_cache.cache_usage(usage),
                         turn.window_meta.get("changes", ()))
-    schedule_after_turn(services, turn, result, headers)
+    schedule_after_turn(services, turn, result, headers, messages_api=messages_api)
 
 
 async def count_tokens(services: Services, call: ChatCall, query: str) -> BodyReply:
@@ -290,7 +272,7 @@ async def count_tokens(services: Services, call: ChatCall, query: str) -> BodyRe
     if native_api:
         body = _native_body(services, request, turn) if turn is not None \
             else upstream_body(request.body, None)
-        response = await _messages_upstream(services).count_tokens(
+        response = await messages_upstream(services).count_tokens(
             UpstreamRequest(body, headers), query)
         return BodyReply(response.status_code, response.body,
                          turn.headers if turn is not None else {})
