@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import hashlib
 import json
 import random
@@ -37,7 +38,7 @@ import _paths  # noqa: F401  (the repository's packages)
 import httpx
 import orjson
 
-from proxy.testing.fake_upstream import FakeUpstream, Reply
+from proxy.testing.fake_upstream import FakeUpstream, Reply, default_usage
 from proxy.turn.cache_hints import anthropic_breakpoints
 from strategies.summary_prompt import SUMMARY_INSTRUCTION_LEAD, SUMMARY_SYSTEM_PROMPT
 from strategies.tokens import count_message, count_text
@@ -166,13 +167,21 @@ def agent_reply(turns: list[ScriptTurn]) -> Callable[[dict[str, Any]], Reply]:
     """The fake upstream's side: the next tool call of the turn named in the last user
     message, or its answer once every call has its result; a summary for the summarizer."""
     summaries = iter(range(1_000_000))
+    cache = Scorer()  # what the provider's cache holds, reported in each reply's usage
 
     def reply(body: dict[str, Any]) -> Reply:
-        messages = body.get("messages") or []
         if is_summarizer(body):
             n = next(summaries)
             return Reply.text(f"Summary {n}: the agent works through the repository turn by "
                               "turn, reading files and running tests. " * 12)
+        scored = cache.score(body, summarizer=False)
+        reply = answer(body)
+        return dataclasses.replace(reply, usage={
+            **default_usage(reply, prompt_tokens(body)),
+            "prompt_tokens_details": {"cached_tokens": scored.openai_cached}})
+
+    def answer(body: dict[str, Any]) -> Reply:
+        messages = body.get("messages") or []
         last = messages[-1]
         if last.get("role") == "tool":  # call ids name the turn and the call
             number, done = (int(x) for x in str(last["tool_call_id"]).split("_")[1:])

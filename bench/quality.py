@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import math
 import os
@@ -50,7 +51,7 @@ import httpx
 import orjson
 from conversations import Conversation, generate, read_locomo
 
-from proxy.testing.fake_upstream import FakeUpstream, Reply
+from proxy.testing.fake_upstream import FakeUpstream, Reply, default_usage
 from proxy.turn.identity import namespace_for
 from strategies.compression import content_text
 from strategies.records import LoadSpec, SessionKey, StoredMessage
@@ -65,10 +66,14 @@ SECTION = "## Memory quality"
 CACHE_MIN, CACHE_STEP = 1024, 128
 DISTANCES = ((2_000, "< 2k"), (8_000, "2k-8k"), (32_000, "8k-32k"), (math.inf, "32k+"))
 
+NO_PROMPT_CACHE = "summarizing_window, upstream that caches nothing"
 # (label, memoryConfig, verbatim budget: ("ratio", r) of the window, ("last", n) messages,
 # ("turn",) the current turn only, None: no fixed budget)
 STRATEGIES: list[tuple[str, dict[str, Any], tuple[Any, ...] | None]] = [
     ("summarizing_window", {"kind": "summarizing_window"}, ("ratio", 0.8)),
+    # the same defaults on a provider that reports no prompt caching: stablePrefix "auto"
+    # keeps no stable prefix there (the spec's refit at every request)
+    (NO_PROMPT_CACHE, {"kind": "summarizing_window"}, ("ratio", 0.8)),
     # a page of 100: the window pages through the history (maxHistoryFetch is a page size)
     ("summarizing_window, maxHistoryFetch 100",
      {"kind": "summarizing_window", "maxHistoryFetch": 100}, ("ratio", 0.8)),
@@ -132,6 +137,9 @@ class Upstream:
         self.sizes: dict[bytes, int] = {}
         self.previous: list[tuple[bytes, int]] = []
         self.cache = CacheScore()
+        # the replies report cached tokens (OpenAI's usage shape); off: a provider with no
+        # prompt cache (stablePrefix "auto" then keeps none)
+        self.reports_cache = True
 
     def new_session(self) -> None:
         self.previous = []
@@ -154,10 +162,16 @@ class Upstream:
         if is_summarizer(body):
             return Reply.text(extractive_summary(body))
         sized = self._sized(body)
-        self._score(sized)
-        return self.replies.popleft() if self.replies else Reply.text("OK.")
+        cached = self._score(sized)
+        reply = self.replies.popleft() if self.replies else Reply.text("OK.")
+        if not self.reports_cache:
+            return reply
+        usage = default_usage(reply, sum(size for _, size in sized) + 3)
+        # as a provider with a prompt cache reports it
+        return dataclasses.replace(reply, usage={
+            **usage, "prompt_tokens_details": {"cached_tokens": cached}})
 
-    def _score(self, sized: list[tuple[bytes, int]]) -> None:
+    def _score(self, sized: list[tuple[bytes, int]]) -> int:
         total = sum(size for _, size in sized) + 3
         common = 0
         for (key, size), (before, _) in zip(sized, self.previous, strict=False):
@@ -174,6 +188,7 @@ class Upstream:
             self.cache.prompt_tokens += total
             self.cache.cached_tokens += min(cached, total)
         self.previous = sized
+        return cached
 
 
 @dataclass
@@ -463,6 +478,7 @@ async def measure_async(conversations: list[Conversation], source: str = "") -> 
             headers={"Authorization": f"Bearer {API_KEY}"},
         ) as client:
             for label, name, window, (agent, budget) in configs:
+                upstream.reports_cache = label != NO_PROMPT_CACHE
                 replay = Replay(client, app.state.services, upstream, agent, window, budget)
                 for conversation in conversations:
                     await replay.run(conversation)

@@ -35,8 +35,9 @@ class SummarizingWindowConfig(_Config):
     # extensions beyond the spec (docs/MEMORY.md, "Keeping the prompt cache warm"): the
     # window start stays where it was until the budget is reached, then the window is
     # trimmed in one step to trimTargetShare of the budget and compression stubs are
-    # applied then, in one batch. stablePrefix false: the spec's refit at every request.
-    stablePrefix: bool = True
+    # applied then, in one batch. stablePrefix false: the spec's refit at every request;
+    # "auto": stable once the upstream reports prompt caching on the session, else false.
+    stablePrefix: bool | Literal["auto"] = "auto"
     trimTargetShare: Ratio = 0.3
 
 

@@ -136,6 +136,40 @@ def window_anchor(messages: Sequence[StoredMessage]) -> int | None:
     return None
 
 
+# the reply's prompt-cache reading (proxy/turn/prompt_cache.py writes it on the reply's
+# record): ``{"prompt", "cached", "written"}`` tokens
+CACHE_META = "cache"
+# how many of the latest replies ``stablePrefix: "auto"`` looks at for a cache reading
+CACHE_EVIDENCE_REPLIES = 32
+
+
+def upstream_caches(messages: Sequence[StoredMessage]) -> bool:
+    """True when one of the latest replies (``CACHE_EVIDENCE_REPLIES``) reports cached or
+    written prompt-cache tokens: the upstream keeps a prompt cache for this session."""
+    seen = 0
+    for message in reversed(messages):
+        if message.role != "assistant":
+            continue
+        cache = message.meta.get(CACHE_META) if message.meta else None
+        if isinstance(cache, dict) and any(
+            isinstance(cache.get(k), int) and cache[k] > 0 for k in ("cached", "written")
+        ):
+            return True
+        seen += 1
+        if seen >= CACHE_EVIDENCE_REPLIES:
+            return False
+    return False
+
+
+def stable_prefix(config: SummarizingWindowConfig, messages: Sequence[StoredMessage]) -> bool:
+    """Whether this turn's window keeps a stable prefix: ``stablePrefix`` true or false as
+    set; ``"auto"`` (the default) once the upstream has reported prompt caching on this
+    session, since a stable prefix only pays where a cache reads it."""
+    if config.stablePrefix == "auto":
+        return upstream_caches(messages)
+    return bool(config.stablePrefix)
+
+
 def held_start(
     messages: Sequence[StoredMessage], live: Sequence[StoredMessage], turn: int
 ) -> int:
@@ -172,6 +206,7 @@ class SummarizingWindowStrategy:
                 return extended
         config: SummarizingWindowConfig = ctx.config  # type: ignore[assignment]
         context_window, calibration = ctx.context_window, ctx.calibration
+        stable = stable_prefix(config, ctx.messages)
         summary, fixed, start, sizes, shaped = self._live(ctx)
         live = ctx.messages[start:]
         turn = min(max(ctx.current_turn_start - start, 0), len(live))
@@ -186,8 +221,8 @@ class SummarizingWindowStrategy:
         limit = round(config.maxConversationRatio * context_window, 6)
         # stablePrefix: the window starts no earlier than the last one did (``held``) and
         # changes only when it reaches the budget; compression joins that change
-        held = held_start(ctx.messages, live, turn) if config.stablePrefix else 0
-        overflow = not config.stablePrefix or (fixed + sum(sizes[held:])) * calibration > limit
+        held = held_start(ctx.messages, live, turn) if stable else 0
+        overflow = not stable or (fixed + sum(sizes[held:])) * calibration > limit
         stubs: dict[int, str] = {}
         if pressure and overflow and config.compressToolResults:
             stubs = choose_compressions(
@@ -211,7 +246,7 @@ class SummarizingWindowStrategy:
         fits = bool(
             live
             and not held
-            and not (config.stablePrefix and overflow)  # then trimmed to the target
+            and not (stable and overflow)  # then trimmed to the target
             and not live_total * calibration > limit
             and calibration >= 0
             and min(sizes) >= 0
@@ -226,7 +261,7 @@ class SummarizingWindowStrategy:
             if overflow:
                 # the spec trims just below the budget; a stable prefix trims further, to
                 # trimTargetShare of it, so that the next turns fit without a change
-                target = limit * config.trimTargetShare if config.stablePrefix else limit
+                target = limit * config.trimTargetShare if stable else limit
                 keep_from = fit_sizes(
                     sizes, units, turn, fixed=fixed, limit=target, calibration=calibration
                 )
@@ -312,7 +347,7 @@ class SummarizingWindowStrategy:
             total += message.tokens
         if exceeds(total, config.maxConversationRatio, context_window, calibration) or (
             config.compressToolResults
-            and not config.stablePrefix  # a stable prefix compresses at a trim only
+            and not stable_prefix(config, messages)  # a stable prefix compresses at a trim only
             and exceeds(total, config.compressWhenWindowAboveRatio, context_window, calibration)
         ):
             return None

@@ -35,7 +35,8 @@ import orjson
 import uvicorn
 
 __all__ = [
-    "FakeUpstream", "RecordedRequest", "Reply", "count_tokens_roughly", "echo_reply",
+    "FakeUpstream", "RecordedRequest", "Reply", "count_tokens_roughly", "default_usage",
+    "echo_reply",
     "error_json", "instant_reply",
 ]
 
@@ -192,6 +193,16 @@ def echo_reply(body: dict[str, Any]) -> Reply:
     return Reply.text("ok: " + " ".join(words[:24]) if words else "ok")
 
 
+def default_usage(reply: Reply, prompt_tokens: int) -> dict[str, Any]:
+    """The usage a reply reports unless scripted: ``prompt_tokens`` as counted for the
+    request, a quarter of the reply's characters as its completion tokens."""
+    completion = max(1, (len(reply.content or "") + sum(
+        len(c["function"]["name"]) + len(c["function"]["arguments"]) for c in reply.calls
+    )) // 4)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+            "total_tokens": prompt_tokens + completion}
+
+
 class _Reply:
     """A ``Reply`` rendered for one request: the bodies to send, built once."""
 
@@ -200,14 +211,7 @@ class _Reply:
         self.model = str(body.get("model") or "fake-model")
         self.id = f"chatcmpl-fake-{next(_response_ids)}"
         self.created = int(time.time())
-        completion = len(reply.content or "") + sum(
-            len(c["function"]["name"]) + len(c["function"]["arguments"]) for c in reply.calls
-        )
-        self.usage = reply.usage or {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": max(1, completion // 4),
-            "total_tokens": prompt_tokens + max(1, completion // 4),
-        }
+        self.usage = reply.usage or default_usage(reply, prompt_tokens)
         self.finish_reason = reply.finish_reason or ("tool_calls" if reply.calls else "stop")
 
     def completion(self) -> bytes:

@@ -23,9 +23,8 @@ import orjson
 
 from strategies.base import Window
 from strategies.records import StoredMessage
-from strategies.summarizing_window import WINDOW_META
+from strategies.summarizing_window import CACHE_META, WINDOW_META
 
-CACHE_META = "cache"
 __all__ = [
     "CACHE_META", "WINDOW_META", "cache_usage", "change_header", "changed_index",
     "prefix_changes", "previous_window", "session_view", "system_hash", "window_meta",

@@ -4,6 +4,7 @@ what each turn got back."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import threading
 from collections import deque
@@ -14,7 +15,7 @@ import httpx
 import openai
 from e2e import ADMIN_TOKEN
 
-from proxy.testing.fake_upstream import FakeUpstream, RecordedRequest, Reply
+from proxy.testing.fake_upstream import FakeUpstream, RecordedRequest, Reply, default_usage
 from strategies.summary_prompt import is_summarizer_request
 from strategies.tokens import count_message, count_text
 
@@ -50,9 +51,31 @@ class ScriptedModel:
 
     summaries: deque[Reply] = field(default_factory=deque)
     summary_texts: list[str] = field(default_factory=list)
+    # a provider with a prompt cache: each agent reply reports as cached the messages its
+    # request shares, from the start, with the request before (OpenAI's usage shape)
+    caching: bool = False
+    _previous: list[bytes] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __call__(self, body: dict[str, Any]) -> Reply:
+        reply = self._answer(body)
+        if not self.caching or is_summarizer_call(body):
+            return reply
+        messages = body["messages"]
+        sent = [repr(sorted(m.items())).encode() for m in messages]
+        with self._lock:
+            shared = 0
+            for old, new in zip(self._previous, sent, strict=False):
+                if old != new:
+                    break
+                shared += 1
+            self._previous = sent
+        cached = sum(count_message(m, MODEL) for m in messages[:shared])
+        return dataclasses.replace(reply, usage={
+            **default_usage(reply, prompt_tokens(messages)),
+            "prompt_tokens_details": {"cached_tokens": cached}})
+
+    def _answer(self, body: dict[str, Any]) -> Reply:
         if is_summarizer_call(body):
             with self._lock:
                 if self.summaries:
@@ -76,9 +99,10 @@ class ScriptedModel:
         return Reply.text(f"read {last.get('tool_call_id')}")
 
 
-def scripted(fake: FakeUpstream) -> ScriptedModel:
-    """Answer from a ScriptedModel and report usage as MODEL's tokenizer counts it."""
-    model = ScriptedModel()
+def scripted(fake: FakeUpstream, *, caching: bool = False) -> ScriptedModel:
+    """Answer from a ScriptedModel and report usage as MODEL's tokenizer counts it (with
+    cached tokens, as a provider with a prompt cache would, when ``caching``)."""
+    model = ScriptedModel(caching=caching)
     fake.default_reply = model
     fake.count_tokens = lambda body: prompt_tokens(body.get("messages") or [])
     return model

@@ -41,8 +41,9 @@ def cached_total(proxy) -> float:
 def test_the_prefix_stays_byte_for_byte_until_the_budget_forces_a_trim(
     make_proxy, fake, agents_dir
 ):
+    # the default (stablePrefix "auto") holds the prefix once the upstream reports caching
     write_agent(agents_dir, "stable", llm={"model": MODEL, "contextWindow": WINDOW})
-    scripted(fake)
+    scripted(fake, caching=True)
     proxy = make_proxy()
     session = DeltaSession(proxy.client("stable", "s"), fake, system=SYSTEM)
     for turn in range(1, 16):
@@ -70,6 +71,28 @@ def test_the_prefix_stays_byte_for_byte_until_the_budget_forces_a_trim(
     view = memory_view(proxy, "stable", "s")
     reasons = {c["reason"] for t in view["cache"]["turns"] for c in t["prefix_changes"]}
     assert "trim" in reasons
+
+
+def test_by_default_an_upstream_that_caches_nothing_gets_the_specs_refit_at_every_request(
+    make_proxy, fake, agents_dir
+):
+    # stablePrefix "auto": a stable prefix only pays where a cache reads it; without a
+    # cache reading the window is the spec's (stablePrefix false), request for request
+    write_agent(agents_dir, "auto", llm={"model": MODEL, "contextWindow": WINDOW})
+    write_agent(agents_dir, "spec", llm={"model": MODEL, "contextWindow": WINDOW},
+                memoryConfig={"kind": "summarizing_window", "stablePrefix": False})
+    scripted(fake)
+    proxy = make_proxy()
+    sent = {}
+    for agent in ("auto", "spec"):
+        before = len(agent_requests(fake))
+        session = DeltaSession(proxy.client(agent, "s"), fake, system=SYSTEM)
+        for turn in range(1, 16):
+            session.tool_turn(turn, [sized(f"RESULT {turn}", 400)])
+        sent[agent] = [r.body["messages"] for r in agent_requests(fake)[before:]]
+    assert orjson.dumps(sent["auto"]) == orjson.dumps(sent["spec"])
+    first = next(m["content"] for m in sent["spec"][-1] if m["role"] == "user")
+    assert not first.startswith("T1x"), "the session was meant to overflow its budget"
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["non-streaming", "streaming"])

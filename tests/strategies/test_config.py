@@ -38,7 +38,7 @@ SPEC_FULL = {"kind": "full", "maxHistoryFetch": 500}
 SPEC_NONE = {"kind": "none"}
 
 # knobs beyond the spec (docs/MEMORY.md, "Keeping the prompt cache warm")
-SUMMARIZING_WINDOW_EXTENSIONS = {"stablePrefix": True, "trimTargetShare": 0.3}
+SUMMARIZING_WINDOW_EXTENSIONS = {"stablePrefix": "auto", "trimTargetShare": 0.3}
 WINDOWED_EXTENSIONS = {"windowStep": 1}
 EXTENSIONS = {"summarizing_window": SUMMARIZING_WINDOW_EXTENSIONS,
               "windowed": WINDOWED_EXTENSIONS}

@@ -25,8 +25,11 @@ from strategies.compression import (
 from strategies.config import SummarizingWindowConfig
 from strategies.records import StoredMessage
 from strategies.summarizing_window import (
+    CACHE_EVIDENCE_REPLIES,
+    CACHE_META,
     WINDOW_META,
     SummarizingWindowStrategy,
+    upstream_caches,
     window_anchor,
 )
 from strategies.validity import check_openai_messages
@@ -102,7 +105,8 @@ def grow(turns, cfg, context_window):
 def test_the_start_never_moves_back_the_budget_holds_and_stubs_come_in_batches(
     turns, context_window, budget, share, pressure
 ):
-    cfg = SummarizingWindowConfig(maxConversationRatio=budget, trimTargetShare=share,
+    cfg = SummarizingWindowConfig(stablePrefix=True, maxConversationRatio=budget,
+                                  trimTargetShare=share,
                                   compressWhenWindowAboveRatio=pressure,
                                   minToolResultCompressTokens=100)
     previous: Window | None = None
@@ -152,7 +156,7 @@ def _overflowing_session():
 
 
 def test_an_overflow_trims_down_to_the_target_share_in_one_step():
-    cfg = SummarizingWindowConfig(trimTargetShare=0.5)
+    cfg = SummarizingWindowConfig(stablePrefix=True, trimTargetShare=0.5)
     messages = _overflowing_session()
     window = STRATEGY.select(context(messages, cfg, context_window=4000, system_tokens=SYSTEM))
     # 3,200 budget, target 1,600: 50 + 20 + five 300-token turns = 1,570
@@ -161,7 +165,7 @@ def test_an_overflow_trims_down_to_the_target_share_in_one_step():
 
 
 def test_the_held_start_stays_while_the_window_fits_the_budget():
-    cfg = SummarizingWindowConfig(trimTargetShare=0.5)
+    cfg = SummarizingWindowConfig(stablePrefix=True, trimTargetShare=0.5)
     messages = _overflowing_session()
     messages[-2].meta = {WINDOW_META: {"start": 5}}  # the previous reply's window start
     window = STRATEGY.select(context(messages, cfg, context_window=8000, system_tokens=SYSTEM))
@@ -177,7 +181,7 @@ def test_without_a_stable_prefix_the_window_is_refitted_from_scratch():
 
 
 def test_a_stored_start_inside_the_current_turn_still_sends_the_turn_whole():
-    cfg = SummarizingWindowConfig()
+    cfg = SummarizingWindowConfig(stablePrefix=True)
     messages = history(user("q", tokens=10), assistant(None, tool_calls=["a"], tokens=10),
                        tool("a", tokens=10))
     messages[1].meta = {WINDOW_META: {"start": 3}}
@@ -189,3 +193,29 @@ def test_a_client_message_without_window_meta_starts_the_window_anew():
     messages = _overflowing_session()
     messages[-2] = dataclasses.replace(messages[-2], meta={})
     assert window_anchor(messages) is None
+
+
+def _cache_reading(message, cached: int):
+    return dataclasses.replace(message, meta={**message.meta, CACHE_META: {
+        "prompt": 900, "cached": cached, "written": 0}})
+
+
+def test_auto_holds_the_start_once_the_upstream_reports_caching():
+    cfg = SummarizingWindowConfig(trimTargetShare=0.5)  # stablePrefix "auto", the default
+    messages = _overflowing_session()
+    messages[-2] = _cache_reading(messages[-2], 0)
+    messages[-2].meta[WINDOW_META] = {"start": 5}
+    ctx = context(messages, cfg, context_window=8000, system_tokens=SYSTEM)
+    assert seqs(STRATEGY.select(ctx))[0] == 1, "no cache read yet: the spec's refit"
+    messages[-4] = _cache_reading(messages[-4], 700)
+    ctx = context(messages, cfg, context_window=8000, system_tokens=SYSTEM)
+    assert seqs(STRATEGY.select(ctx))[0] == 5, "the upstream caches: the start holds"
+
+
+def test_auto_forgets_a_cache_reading_older_than_its_evidence_span():
+    messages = [user("q0", tokens=10), _cache_reading(assistant("a0", tokens=10), 500)]
+    for n in range(1, CACHE_EVIDENCE_REPLIES + 1):
+        messages += [user(f"q{n}", tokens=10), assistant(f"a{n}", tokens=10)]
+    messages = history(*messages)
+    assert not upstream_caches(messages)
+    assert upstream_caches(messages[:-2])
