@@ -209,3 +209,43 @@ def test_a_model_of_another_provider_is_served_through_chat_completions(proxy, f
         assert "".join(stream.text_stream).startswith("ok")
     assert [m.role for m in proxy.stored("coder", "translated")] == [
         "user", "assistant", "tool", "assistant"]
+
+
+def test_memory_off_is_a_plain_pass_through(proxy, fake):
+    api = client(proxy, session="plain", **{"X-Memory": "off"})
+    body = [{"role": "user", "content": [{"type": "text", "text": "as sent",
+                                          "cache_control": {"type": "ephemeral"}}]}]
+    api.messages.create(model=MODEL, max_tokens=10, messages=body)
+    assert fake.message_requests[-1].body["messages"] == body
+    assert proxy.stored("coder", "plain") == []
+
+
+def test_an_error_event_inside_the_upstreams_stream_ends_the_stream_and_stores_nothing(
+    proxy, fake
+):
+    events = (
+        b'event: message_start\ndata: {"type":"message_start","message":{"id":"msg_1",'
+        b'"type":"message","role":"assistant","model":"m","content":[],"stop_reason":null,'
+        b'"usage":{"input_tokens":5,"output_tokens":1}}}\n\n'
+        b'event: error\ndata: {"type":"error","error":{"type":"overloaded_error",'
+        b'"message":"Overloaded"}}\n\n'
+    )
+    fake.queue(Reply.raw(events, content_type="text/event-stream"))
+    with pytest.raises(anthropic.APIStatusError) as caught, client(proxy).messages.stream(
+        model=MODEL, max_tokens=10, messages=[{"role": "user", "content": "x"}]
+    ) as stream:
+        list(stream.text_stream)
+    assert "Overloaded" in str(caught.value)
+    assert proxy.stored("coder", "s1") == []
+
+
+def test_a_translated_stream_cut_by_the_upstream_ends_with_an_error_event(proxy, fake):
+    fake.queue(Reply.stream_cut(after_chunks=3))
+    response = httpx.post(f"{proxy.base}/agents/a/sessions/cut/v1/messages",
+                          headers={"x-api-key": CLIENT_KEY},
+                          json={"model": "gpt-4o", "max_tokens": 10, "stream": True,
+                                "messages": [{"role": "user", "content": "x"}]})
+    last = response.text.rstrip().split("\n\n")[-1]
+    assert last.startswith("event: error")
+    assert "message_stop" not in response.text
+    assert proxy.stored("a", "cut") == []
