@@ -32,6 +32,7 @@ from proxy.http.asgi import BodyReply, ChatCall, Receive, Scope, Send, StreamRep
 from proxy.http.disconnect import unless_disconnected
 from proxy.http.requests import parse_json_object
 from proxy.services import Services
+from proxy.surfaces import messages_tools
 from proxy.surfaces.chat import SSE_HEADERS, forwarded_headers, upstream_body
 from proxy.surfaces.chat_reply import completion_of
 from proxy.surfaces.messages_chat import messages_upstream
@@ -40,6 +41,7 @@ from proxy.surfaces.messages_reply import message_of, record_of, store_usage
 from proxy.surfaces.messages_request import MessagesRequest, parse_request
 from proxy.surfaces.messages_stream import (
     SERVER_ERROR,
+    Store,
     error_body,
     error_event,
     relay_native,
@@ -50,6 +52,8 @@ from proxy.surfaces.messages_translate import (
     message_from_completion,
     normalized_reply,
 )
+from proxy.tools import builtin as builtin_tools
+from proxy.tools.stream import FetchStream
 from proxy.turn import cache_hints, prompt_cache, sync_plan
 from proxy.turn.identity import Identity, client_key, identify
 from proxy.turn.persist import persist_turn
@@ -169,7 +173,6 @@ def _native_body(services: Services, request: MessagesRequest, turn: Turn) -> di
                                                   services.settings.cache_breakpoints),
     )
     out = upstream_body(request.body, rendered.messages)
-    turn.tools = out.get("tools")  # the summarizer may send them again
     if rendered.system:
         out["system"] = rendered.system
     else:
@@ -185,7 +188,6 @@ def _translated_body(services: Services, request: MessagesRequest, turn: Turn | 
     ]
     out = chat_request(request.body, messages)
     if turn is not None:
-        turn.tools = out.get("tools")
         changed = prompt_cache.changed_index(turn.window, turn.messages,
                                              turn.window_meta.get("changes", ()))
         cache_hints.for_session(out, turn.key, services.settings, changed)
@@ -197,43 +199,83 @@ async def create_message(services: Services, call: ChatCall, query: str
     request, headers = await _read(services, call, count_only=False)
     identity, native_api = _route(services, call, request)
     turn = await _turn(services, call, request, identity, "messages" if native_api else "chat")
+    store: Store | None = None
+    if turn is not None:
+        prepared = turn
 
-    async def store(reply: dict[str, Any], usage: dict[str, Any] | None) -> None:
-        if turn is not None:
-            await _finish(services, turn, reply, usage, headers, messages_api=native_api)
+        async def store(reply: dict[str, Any], usage: dict[str, Any] | None) -> None:
+            await _finish(services, prepared, reply, usage, headers, messages_api=native_api)
 
-    reply_headers = turn.headers if turn is not None else {}
-    receive = call.receive
     if native_api:
-        upstream = messages_upstream(services)
-        body = _native_body(services, request, turn) if turn is not None \
-            else upstream_body(request.body, None)
-        outgoing = UpstreamRequest(body, headers)
-        if not request.stream:
-            response = await unless_disconnected(receive, upstream.messages(outgoing, query))
-            if turn is None:
-                return BodyReply(response.status_code, response.body, {})
-            message = message_of(response.body)
-            await store(record_of(message), store_usage(message.get("usage")))
-            return BodyReply(response.status_code, response.body, _with_cache(
-                reply_headers, message.get("usage")))
-        stream = await unless_disconnected(receive, upstream.messages_stream(outgoing, query))
-        return _stream_reply(relay_native(stream, store if turn is not None else None),
-                             reply_headers)
-    body = _translated_body(services, request, turn)
+        return await _native(services, call, request, turn, headers, query, store)
+    return await _translated(services, call, request, turn, headers, store)
+
+
+async def _native(
+    services: Services, call: ChatCall, request: MessagesRequest, turn: Turn | None,
+    headers: dict[str, str], query: str, store: Store | None,
+) -> BodyReply | StreamReply:
+    """The turn on the Messages upstream."""
+    upstream = messages_upstream(services)
+    offered = None
+    if turn is not None:
+        body = _native_body(services, request, turn)
+        offered = messages_tools.offer(body, turn.agent, turn.key, turn.window)
+        turn.tools = body.get("tools")  # the summarizer may send them again
+    else:
+        body = upstream_body(request.body, None)
     outgoing = UpstreamRequest(body, headers)
+    reply_headers = turn.headers if turn is not None else {}
     if not request.stream:
-        response = await unless_disconnected(receive, services.upstream.chat(outgoing))
+        response = await unless_disconnected(call.receive, upstream.messages(outgoing, query))
+        if store is None:
+            return BodyReply(response.status_code, response.body, {})
+        usage = None
+        if offered is not None:
+            response, usage = await unless_disconnected(call.receive, messages_tools.complete(
+                services, upstream, offered, outgoing, response, query))
+        message = message_of(response.body)
+        await store(record_of(message), store_usage(usage or message.get("usage")))
+        return BodyReply(response.status_code, response.body,
+                         _with_cache(reply_headers, message.get("usage")))
+    stream: Any = await unless_disconnected(call.receive,
+                                            upstream.messages_stream(outgoing, query))
+    if offered is not None:
+        stream = messages_tools.RoundsStream(services, upstream, offered, outgoing, stream,
+                                             query)
+    return _stream_reply(relay_native(stream, store), reply_headers)
+
+
+async def _translated(
+    services: Services, call: ChatCall, request: MessagesRequest, turn: Turn | None,
+    headers: dict[str, str], store: Store | None,
+) -> BodyReply | StreamReply:
+    """The turn on the chat completions upstream, translated both ways."""
+    body = _translated_body(services, request, turn)
+    offered = None
+    if turn is not None:
+        offered = builtin_tools.offer(body, turn.agent, turn.key, turn.window)
+        turn.tools = body.get("tools")
+    outgoing = UpstreamRequest(body, headers)
+    reply_headers = turn.headers if turn is not None else {}
+    if not request.stream:
+        response = await unless_disconnected(call.receive, services.upstream.chat(outgoing))
+        usage = None
+        if offered is not None:
+            response, usage = await unless_disconnected(call.receive, builtin_tools.complete(
+                services, offered, outgoing, response))
         completion = completion_of(response.body)
         message = message_from_completion(completion, request.model)
-        choice = completion["choices"][0]
-        await store(normalized_reply({"role": "assistant", **choice["message"]}) or {},
-                    completion.get("usage"))
-        return BodyReply(200, orjson.dumps(message), _with_cache(
-            reply_headers, completion.get("usage")))
-    chat_stream = await unless_disconnected(receive, services.upstream.chat_stream(outgoing))
-    return _stream_reply(relay_translated(chat_stream, request.model,
-                                          store if turn is not None else None), reply_headers)
+        if store is not None:
+            choice = completion["choices"][0]
+            await store(normalized_reply({"role": "assistant", **choice["message"]}) or {},
+                        usage or completion.get("usage"))
+        return BodyReply(200, orjson.dumps(message),
+                         _with_cache(reply_headers, completion.get("usage")))
+    stream: Any = await unless_disconnected(call.receive, services.upstream.chat_stream(outgoing))
+    if offered is not None:
+        stream = FetchStream(services, offered, outgoing, stream)
+    return _stream_reply(relay_translated(stream, request.model, store), reply_headers)
 
 
 def _stream_reply(chunks: Any, headers: dict[str, str]) -> StreamReply:

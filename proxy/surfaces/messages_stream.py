@@ -152,7 +152,8 @@ async def relay_translated(
             if reply is None:
                 raise UpstreamReplyError(f"{NOT_A_MESSAGE} (a stream without a reply)")
             if store is not None:
-                await store(reply, accumulator.usage)
+                # after hidden built-in rounds, the first round's (proxy/tools/stream.py)
+                await store(reply, getattr(stream, "memory_usage", None) or accumulator.usage)
         except ProxyError as exc:
             logger.warning("messages stream ended with an error: %s", exc.message)
             yield error_event(error_body(exc))
