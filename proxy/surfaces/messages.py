@@ -19,6 +19,8 @@ any other; errors take Anthropic's shape (``{"type": "error", "error": {...}}``)
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -55,7 +57,8 @@ from proxy.surfaces.messages_translate import (
 from proxy.tools import builtin as builtin_tools
 from proxy.tools.stream import FetchStream
 from proxy.turn import cache_hints, prompt_cache, sync_plan
-from proxy.turn.identity import Identity, client_key, identify
+from proxy.turn.history_sync import fingerprint
+from proxy.turn.identity import OWN_SESSION_HEADERS, Identity, client_key, identify
 from proxy.turn.persist import persist_turn
 from proxy.turn.turns import Turn, prepare_turn, resolve_agent
 from proxy.upstreams.base import UpstreamRequest
@@ -63,7 +66,7 @@ from strategies import native
 
 logger = logging.getLogger("memory_proxy.messages")
 
-MESSAGES_SUFFIX = "/v1/messages"
+CLAUDE_CODE_SESSION = "x-claude-code-session-id"
 
 
 def uses_messages_api(api: str | None, model: str) -> bool:
@@ -116,6 +119,25 @@ async def _read(services: Services, call: ChatCall, *, count_only: bool
     return request, headers
 
 
+def claude_code_conversation(
+    identity: Identity, headers: Mapping[str, str], conversation: list[dict[str, Any]]
+) -> Identity:
+    """A session keyed by Claude Code's ``X-Claude-Code-Session-Id`` is one conversation of
+    that Claude Code session: it sends its sub-agents', title and quota calls under the same
+    id, each a conversation of its own that it resends whole. They are told apart by their
+    first user message (``<id>.<8 hex>``), so none rewinds another's log or reads its
+    memory."""
+    if identity.source != "header" or any(headers.get(h) for h in OWN_SESSION_HEADERS) or (
+        not headers.get(CLAUDE_CODE_SESSION)
+    ):
+        return identity
+    first = next((m for m in conversation if m.get("role") == "user"), None)
+    if first is None:
+        return identity
+    suffix = fingerprint(first)[:8]
+    return replace(identity, session=f"{identity.session[:119]}.{suffix}")
+
+
 def _route(services: Services, call: ChatCall, request: MessagesRequest
            ) -> tuple[Identity | None, bool]:
     """The request's identity (None with ``X-Memory: off``) and whether it goes to the
@@ -131,6 +153,7 @@ def _route(services: Services, call: ChatCall, request: MessagesRequest
             conversation=request.conversation,
             user_as_session=lambda name: resolve_agent(services, name).definition.userAsSession,
         )
+        identity = claude_code_conversation(identity, call.headers, request.conversation)
         agent = identity.agent
     else:
         agent = call.path_params.get("agent") or call.headers.get("x-agent-id") or DEFAULT_AGENT

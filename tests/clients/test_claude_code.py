@@ -125,8 +125,11 @@ def test_claude_code_keeps_one_session_over_three_prompts(
     assert thought == {"type": "thinking", "thinking": "I should read the notes first.",
                        "signature": "SIG-CLAUDE-CODE-1"}
     assert len(last.get("tools") or ()) > 5
-    # Claude Code's session id keys the session; its resent history is stored once
-    stored = proxy.stored("default", session, api_key=DUMMY_KEY)
+    # Claude Code's session id keys the session (its conversation under that id: the id
+    # and the first user message's hash); its resent history is stored once
+    sessions = [s.session for s in proxy.call(proxy.services.store.list_sessions("default"))]
+    assert len(sessions) == 1 and sessions[0].startswith(session + ".")
+    stored = proxy.stored("default", sessions[0], api_key=DUMMY_KEY)
     assert [m.role for m in stored if m.role != "system"] == [
         "user", "assistant", "tool", "assistant", "user", "assistant", "user", "assistant"]
     assert len({m.fingerprint for m in stored}) == len(stored)

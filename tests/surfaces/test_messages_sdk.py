@@ -249,3 +249,27 @@ def test_a_translated_stream_cut_by_the_upstream_ends_with_an_error_event(proxy,
     assert last.startswith("event: error")
     assert "message_stop" not in response.text
     assert proxy.stored("a", "cut") == []
+
+
+def test_claude_codes_side_calls_under_its_session_id_are_conversations_of_their_own(
+    proxy, fake
+):
+    """Claude Code sends title, quota and sub-agent calls under its session id: each keeps
+    its own log, none reads or rewinds the main conversation's."""
+    api = anthropic.Anthropic(base_url=proxy.base, api_key=CLIENT_KEY, max_retries=0,
+                              default_headers={"X-Claude-Code-Session-Id": "cc-1"})
+    proxy.clients.append(api)
+    main = {"model": MODEL, "max_tokens": 10, "system": "You are Claude Code.", "tools": TOOLS}
+    history: list[dict[str, Any]] = [{"role": "user", "content": "first question"}]
+    reply = api.messages.create(**main, messages=history)
+    history += [{"role": "assistant", "content": [b.model_dump() for b in reply.content]},
+                {"role": "user", "content": "second question"}]
+    api.messages.create(model="claude-haiku-4-5", max_tokens=10, system="Write a title.",
+                        messages=[{"role": "user", "content": "title for: first question"}])
+    side = fake.message_requests[-1].body
+    assert [m["role"] for m in side["messages"]] == ["user"]
+    api.messages.create(**main, messages=history)
+    sessions = {s.session for s in proxy.call(proxy.services.store.list_sessions("default"))}
+    assert len(sessions) == 2 and all(s.startswith("cc-1.") for s in sessions)
+    logs = [[m.content for m in proxy.stored("default", s)] for s in sorted(sessions)]
+    assert sorted(len(log) for log in logs) == [2, 4]
