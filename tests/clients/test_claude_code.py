@@ -20,6 +20,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from proxy.surfaces.messages_render import check_messages
 from proxy.testing.fake_messages import FakeMessages, thinking
 from proxy.testing.fake_upstream import Reply
 from strategies import native
@@ -125,6 +126,11 @@ def test_claude_code_keeps_one_session_over_three_prompts(
     assert thought == {"type": "thinking", "thinking": "I should read the notes first.",
                        "signature": "SIG-CLAUDE-CODE-1"}
     assert len(last.get("tools") or ()) > 5
+    # its system-role message inside messages reached the model as a user note, and every
+    # request was one Anthropic's API accepts
+    assert "[system note]" in sent
+    for request in requests:
+        assert check_messages(request.body["messages"], tools_declared=True) == []
     # Claude Code's session id keys the session (its conversation under that id: the id
     # and the first user message's hash); its resent history is stored once
     sessions = [s.session for s in proxy.call(proxy.services.store.list_sessions("default"))]
