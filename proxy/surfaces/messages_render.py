@@ -71,6 +71,8 @@ def render_window(
     by_fingerprint: dict[str, list[CacheMark]] = {}
     for mark in marks:
         by_fingerprint.setdefault(mark.fingerprint, []).append(mark)
+    # a mark goes back once, on the last message it can be (two messages may be the same)
+    marked_at = {fp: i for i, fp in enumerate(fingerprints) if fp in by_fingerprint}
     own = set()
     if breakpoints and not client_marks:
         own = set(anthropic_breakpoints([dict(m) for m in messages], changed_at))
@@ -104,7 +106,7 @@ def render_window(
         if not blocks:
             continue
         fp = fingerprints[index] if index < len(fingerprints) else None
-        for mark in by_fingerprint.get(fp, ()) if fp else ():
+        for mark in by_fingerprint.get(fp, ()) if fp and marked_at.get(fp) == index else ():
             if -len(blocks) <= mark.from_end < 0:
                 blocks[mark.from_end]["cache_control"] = mark.value
         if index in own:

@@ -188,3 +188,17 @@ def test_every_strategy_renders_a_window_the_messages_api_accepts(kind, messages
     sent = [b for m in out.messages for b in m["content"] if b["type"] == "thinking"]
     current = [p["item"] for m in messages[start:] for p in native.natives(m.content)]
     assert sent[len(sent) - len(current):] == current
+
+
+def test_a_clients_mark_goes_back_once_when_two_messages_are_the_same():
+    parsed = parse_request({"model": "claude-sonnet-4-5", "max_tokens": 10, "messages": [
+        {"role": "user", "content": "continue"},
+        {"role": "assistant", "content": "one"},
+        {"role": "user", "content": [{"type": "text", "text": "continue",
+                                      "cache_control": {"type": "ephemeral"}}]},
+    ]})
+    conversation = parsed.conversation
+    out = render(conversation, fingerprints=[fingerprint(m) for m in conversation],
+                 marks=parsed.marks, client_marks=True)
+    marked = [i for i, m in enumerate(out.messages) for b in m["content"] if "cache_control" in b]
+    assert marked == [2]
