@@ -202,3 +202,63 @@ def test_a_clients_mark_goes_back_once_when_two_messages_are_the_same():
                  marks=parsed.marks, client_marks=True)
     marked = [i for i, m in enumerate(out.messages) for b in m["content"] if "cache_control" in b]
     assert marked == [2]
+
+
+# --- a request read into records and rendered back is the request ------------------------
+
+_text = st.text(alphabet="abc xyz.\n", min_size=1, max_size=20).filter(str.strip)
+
+
+@st.composite
+def conversations(draw: st.DrawFn) -> list[dict[str, Any]]:
+    """Valid Messages conversations: thinking, text and tool use, results (text, blocks,
+    errors) first in the next user message."""
+    ids = itertools.count(1)
+    out: list[dict[str, Any]] = [{"role": "user", "content": draw(_text)}]
+    for _ in range(draw(st.integers(0, 4))):
+        blocks: list[dict[str, Any]] = []
+        if draw(st.booleans()):
+            blocks.append({"type": "thinking", "thinking": draw(_text),
+                           "signature": draw(st.text(min_size=1, max_size=12))})
+        if draw(st.booleans()):
+            blocks.append({"type": "text", "text": draw(_text)})
+        calls = [f"toolu_{next(ids)}" for _ in range(draw(st.integers(0, 2)))]
+        blocks += [{"type": "tool_use", "id": c, "name": "ls",
+                    "input": {"path": draw(_text), "n": draw(st.integers(-5, 5))}}
+                   for c in calls]
+        if not blocks:
+            blocks.append({"type": "text", "text": draw(_text)})
+        out.append({"role": "assistant", "content": blocks})
+        following: list[dict[str, Any]] = []
+        for call in calls:
+            result: dict[str, Any] = {"type": "tool_result", "tool_use_id": call,
+                                      "content": draw(st.sampled_from(
+                                          [draw(_text), [{"type": "text", "text": draw(_text)}]]))}
+            if draw(st.booleans()):
+                result["is_error"] = True
+            following.append(result)
+        if draw(st.booleans()) or not following:
+            following.append({"type": "text", "text": draw(_text)})
+        out.append({"role": "user", "content": following})
+    return out
+
+
+def _blocks(message: dict[str, Any]) -> list[dict[str, Any]]:
+    content = message["content"]
+    blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
+    out = []
+    for block in blocks:
+        if block["type"] == "tool_result" and isinstance(block.get("content"), str):
+            block = {**block, "content": [{"type": "text", "text": block["content"]}]}
+        out.append(block)
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(conversation=conversations())
+def test_a_conversation_read_into_records_renders_back_as_it_was(conversation):
+    parsed = parse_request({"model": "claude-sonnet-4-5", "max_tokens": 10, "tools": [{}],
+                            "messages": conversation})
+    out = render(parsed.conversation, breakpoints=False)
+    assert [m["role"] for m in out.messages] == [m["role"] for m in conversation]
+    assert [_blocks(m) for m in out.messages] == [_blocks(m) for m in conversation]
