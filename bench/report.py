@@ -14,9 +14,9 @@ HTTP_ONLY = "C-off"
 OWN_CODE = ("proxy/", "storage/", "strategies/")
 # where a turn's CPU goes: (label, frame prefix) matched against the inclusive profile
 COMPONENTS = (
-    ("chat handler (proxy/surfaces/chat.py chat_completions)", "chat_completions"),
-    ("prepare_turn: load, sync, window, render", "prepare_turn"),
-    ("store load (query and decoding)", "load_snapshot"),
+    ("the turn pipeline (proxy/turn/pipeline.py serve)", "serve"),
+    ("load step (proxy/turn/load.py)", "load_snapshot"),
+    ("sync step (proxy/turn/sync.py)", "sync"),
     ("strategy select", "SummarizingWindowStrategy.select"),
     ("mapper", "MessageToLlmMessageMapper.map"),
     ("upstream call (OpenAIUpstream; runs in a task of its own)", "OpenAIUpstream.chat"),

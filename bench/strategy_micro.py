@@ -1,10 +1,10 @@
 """Per-turn cost of the pure strategy work: ``select`` plus the default mapper's ``map``.
 
 Every proxied turn runs the agent's strategy over the loaded history and renders the
-window (proxy/turn/turns.py ``prepare_turn``). This times exactly those two calls, in process,
-on contexts built the way a turn builds them: stored messages with seqs and tokens as the
-store holds them (``populate.history``), the new user message last, the model's cached
-counter as ``count_tokens``.
+window (the select and render steps of proxy/turn/pipeline.py). This times exactly those
+two calls, in process, on contexts built the way a turn builds them: stored messages
+with seqs and tokens as the store holds them (``populate.history``), the new user
+message last, the model's cached counter as ``count_tokens``.
 
     python bench/strategy_micro.py                   # this checkout
     python bench/strategy_micro.py --baseline DIR    # side by side with DIR/strategies
@@ -18,7 +18,6 @@ ratio. Numbers are the best of several repeats, in CPU µs per call.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import subprocess
@@ -146,13 +145,7 @@ def build_cases() -> list[tuple[str, Callable[[str], Any]]]:
         context_window: int = 128_000,
         summary_to: int | None = None,
         placement: str | None = None,
-        extending: bool = False,
     ) -> Callable[[str], Any]:
-        """``extending``: the context carries the decision of the turn before (the same
-        records but this turn's two, chosen at another calibration), as the session cache
-        hands it over; a strategy that can extends that window."""
-        from strategies.registry import get_strategy
-
         contexts: dict[str, Any] = {}
 
         def make(kind: str) -> Any:
@@ -174,13 +167,6 @@ def build_cases() -> list[tuple[str, Callable[[str], Any]]]:
                     count_tokens=cached_counter(model),
                     calibration=1.07,
                 )
-                if extending:
-                    before = dataclasses.replace(
-                        contexts[kind], messages=messages[:-2], calibration=1.05,
-                        current_turn_start=turn_start(messages[:-2]),
-                    )
-                    chosen = get_strategy(kind).select(before)
-                    contexts[kind].previous = (before, chosen)
             return contexts[kind]
 
         return make
@@ -190,8 +176,6 @@ def build_cases() -> list[tuple[str, Callable[[str], Any]]]:
         ("text 40", factory(text_history(40))),
         ("text 100", factory(text_history(100))),
         ("text 500", factory(text_history(500))),
-        ("text 100, extending the turn before", factory(text_history(100), extending=True)),
-        ("text 500, extending the turn before", factory(text_history(500), extending=True)),
         ("text 500, trimmed (16k)", factory(text_history(500), context_window=16_000)),
         ("tools 30 turns, compression (32k)", factory(tool_history(30), context_window=32_000)),
         ("text 40, one pasted 30k document", factory(pasted_history(40))),

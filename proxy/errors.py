@@ -1,19 +1,28 @@
-"""Errors of the proxy, each rendered as OpenAI-shaped JSON by one handler.
+"""Every error of the proxy, rendered by the one exception handler table
+(proxy/http/responses.py) in the shape of the API surface that was called (OpenAI's
+``{"error": {...}}`` by default). Errors of the layers below (the store's
+``StoreUnavailable``) become a ``ProxyError`` at one seam, ``as_proxy_error``.
 
 ProxyError
  ├── BadRequest (400, invalid_request_error)
- │    └── InvalidMemoryConfig (400, param names the field)
+ │    ├── InvalidMemoryConfig (400, param names the field)
+ │    └── UnsupportedMediaType (415, the admin API's non-JSON body)
  ├── Unauthorized (401, authentication_error)
  ├── Forbidden (403, permission_error)
  ├── TooManySessions (403, a new session past MEMORY_PROXY_MAX_SESSIONS_PER_KEY)
  ├── NotFound (404, not_found_error)
+ ├── AmbiguousSession (409, a session id found under several keys)
+ ├── CompactConflict (409, nothing the strategy can compact)
  ├── PayloadTooLarge (413, invalid_request_error)
+ ├── TooManyAttempts (429, admin authentication failures)
  ├── HeadersTooLarge (431, forwarded headers past MEMORY_PROXY_MAX_FORWARDED_HEADER_BYTES)
+ ├── ClientDisconnected (499, the client went away; nothing is sent)
  ├── StoreUnavailableError (503, service_unavailable, with Retry-After)
  └── UpstreamError
       ├── UpstreamStatusError (the upstream's own status and body, passed through)
       ├── UpstreamConnectError (502)
       ├── UpstreamReplyError (502: a 200 that is not a chat completion)
+      ├── UpstreamCut (502: a stream that ended before its reply was complete)
       └── UpstreamTimeout (504)
 """
 
@@ -23,6 +32,7 @@ from typing import Any
 
 import orjson
 
+from storage.base import StoreUnavailable
 from storage.redact import mask_body, mask_secrets
 
 
@@ -72,6 +82,11 @@ class InvalidMemoryConfig(BadRequest):
     code = "invalid_memory_config"
 
 
+class UnsupportedMediaType(BadRequest):
+    status_code = 415
+    code = "unsupported_media_type"
+
+
 class Unauthorized(ProxyError):
     status_code = 401
     error_type = "authentication_error"
@@ -98,6 +113,32 @@ class HeadersTooLarge(ProxyError):
 class NotFound(ProxyError):
     status_code = 404
     error_type = "not_found_error"
+
+
+class AmbiguousSession(ProxyError):
+    status_code = 409
+    error_type = "conflict_error"
+    code = "session_ambiguous"
+
+
+class CompactConflict(ProxyError):
+    status_code = 409
+    error_type = "conflict_error"
+    code = "compaction_not_possible"
+
+
+class TooManyAttempts(ProxyError):
+    status_code = 429
+    error_type = "rate_limit_error"
+    code = "too_many_admin_auth_failures"
+
+
+class ClientDisconnected(ProxyError):
+    """The client closed the connection; the answer goes nowhere (nginx's 499)."""
+
+    status_code = 499
+    error_type = "client_closed_request"
+    code = "client_disconnected"
 
 
 class PayloadTooLarge(ProxyError):
@@ -158,6 +199,36 @@ class UpstreamReplyError(UpstreamError):
     code = "upstream_invalid_reply"
 
 
+class UpstreamCut(UpstreamError):
+    """A stream that ended before its reply was complete (no finish reason)."""
+
+    code = "upstream_stream_cut"
+
+
 class UpstreamTimeout(UpstreamError):
     status_code = 504
     code = "upstream_timeout"
+
+
+# what a handler catches to render as a ProxyError (through ``as_proxy_error``)
+RENDERED = (ProxyError, StoreUnavailable)
+
+
+def as_proxy_error(exc: BaseException) -> ProxyError | None:
+    """The one seam where errors of the layers below become the proxy's: the store's
+    ``StoreUnavailable`` is a 503 with Retry-After. None for anything unexpected."""
+    if isinstance(exc, ProxyError):
+        return exc
+    if isinstance(exc, StoreUnavailable):
+        error = StoreUnavailableError(f"memory store unavailable: {exc}")
+        error.__cause__ = exc
+        return error
+    return None
+
+
+def proxy_error(exc: BaseException) -> ProxyError:
+    """``exc`` (one of ``RENDERED``) as the ProxyError to render."""
+    error = as_proxy_error(exc)
+    if error is None:
+        raise exc
+    return error

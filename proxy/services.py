@@ -46,9 +46,6 @@ class Services:
     started: bool = False
     # failed admin authentications per client address (proxy/admin/auth.py)
     admin_failures: FailedAttempts = field(default_factory=lambda: FailedAttempts(10))
-    # chat requests being served: with others under way, a turn's append may share their
-    # commit (Store.append_turn's with_others)
-    chats_under_way: int = 0
     # the Messages API upstream (proxy/upstreams/anthropic_http.py), built on first use
     messages_upstream: Any = None
 

@@ -45,11 +45,6 @@ class WindowContext:
     current_turn_start: int = 0
     count_tokens: CountTokens = rough_tokens
     calibration: float = 1.0
-    # this session's previous decision, when the proxy kept it: the context and the window
-    # the strategy chose for it (as chosen, unchanged since). A strategy may extend that
-    # window when ``messages`` continue the previous ``messages`` (the same records, then
-    # new ones) instead of choosing anew, and must then give the window it would choose.
-    previous: tuple[WindowContext, Window] | None = None
 
 
 @dataclass(slots=True)
@@ -77,13 +72,6 @@ class Window:
     # estimated tokens of everything sent: system prompt, summaries, items
     tokens: int = 0
     notes: list[str] = field(default_factory=list)
-    # every loaded message went in as stored (with its stored stub, if any): nothing
-    # trimmed, compressed, truncated or summarized, chosen without a cut. The strategy may
-    # extend it at the next turn (``WindowContext.previous``).
-    extendable: bool = False
-    # the largest item's tokens, kept with an extendable window so that extending it
-    # checks a lower message cap without a pass over the items (-1: not known)
-    largest_item: int = field(default=-1, compare=False)
 
     @property
     def modified(self) -> bool:

@@ -74,11 +74,8 @@ class MessageToLlmMessageMapper:
         append = out.append
         for item in window.items:
             # inline ``map_item`` for the common case (text content, no media, no system
-            # role), rendered once per record; anything else takes the general path
+            # role); anything else takes the general path
             message = item.message
-            if item.text is None and message.rendered is not None:
-                append(message.rendered)
-                continue
             content = item.text if item.text is not None else message.content
             role = message.role
             meta = message.meta
@@ -101,8 +98,6 @@ class MessageToLlmMessageMapper:
                 sent["tool_call_id"] = message.tool_call_id
             if message.name and role != "tool":
                 sent["name"] = message.name
-            if item.text is None:
-                message.rendered = sent
             append(sent)
         return system + out
 

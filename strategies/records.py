@@ -72,15 +72,9 @@ class StoredMessage:
     seq: int = 0
     chain: str = ""
     created_at: float = 0.0
-    # the default mapper's rendering of a plain message (strategies/mapper.py), kept
-    # between turns and sent as it is by each: records are shared by the session cache
-    # and never change, nor does what is sent. Not a value of the record: never
-    # compared, copied by ``replace`` or stored.
-    rendered: dict[str, Any] | None = field(default=None, init=False, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        del data["rendered"]
         return {k: v for k, v in data.items() if v not in (None, {}, "")} | {
             "role": self.role,
             "seq": self.seq,

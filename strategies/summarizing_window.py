@@ -200,10 +200,6 @@ class SummarizingWindowStrategy:
         prompt, the summary and every unsummarized loaded message as rendered (stored stubs,
         the message cap), calibrated. Trimming comes after, since compression may make more
         history fit."""
-        if ctx.previous is not None:
-            extended = self._extended(ctx, *ctx.previous)
-            if extended is not None:
-                return extended
         config: SummarizingWindowConfig = ctx.config  # type: ignore[assignment]
         context_window, calibration = ctx.context_window, ctx.calibration
         stable = stable_prefix(config, ctx.messages)
@@ -291,72 +287,6 @@ class SummarizingWindowStrategy:
             new_stubs=stubs,
             tokens=total,
             notes=notes,
-            extendable=(extendable := fits and not notes and not ctx.summaries),
-            largest_item=max(sizes) if extendable else -1,
-        )
-
-    def _extended(
-        self, ctx: WindowContext, previous: WindowContext, window: Window
-    ) -> Window | None:
-        """The previous window and the messages appended since, when that is the window
-        ``select`` chooses: the previous one kept every message as stored (``extendable``:
-        it fit, with nothing cut, compressed or summarized), the same records start this
-        context, chosen under the same settings, and the new messages are plain (no tool
-        unit: ``make_valid`` has nothing to repair; no stub; within the message cap) and
-        still fit without compression pressure. The calibration may have moved (every
-        reply brings a new one): the cap moves with it, so the kept items are checked
-        against it then. O(new messages) otherwise: the stored ones are not looked at
-        again. None when it is not that window."""
-        count = len(previous.messages)
-        messages = ctx.messages
-        config: SummarizingWindowConfig = ctx.config  # type: ignore[assignment]
-        if (
-            not window.extendable
-            or len(window.items) != count
-            or not count
-            or len(messages) <= count
-            or ctx.summaries
-            or ctx.context_window != previous.context_window
-            or ctx.system_tokens != previous.system_tokens
-            or ctx.count_tokens is not previous.count_tokens
-            or (config is not previous.config and config != previous.config)
-            or messages[:count] != previous.messages  # the same records: identity first
-        ):
-            return None
-        appended = messages[count:]
-        context_window, calibration = ctx.context_window, ctx.calibration
-        cap, _cut = message_cap(config, context_window, calibration)
-        largest = window.largest_item
-        if calibration != previous.calibration:
-            if calibration < 0:
-                return None
-            if cap < message_cap(config, context_window, previous.calibration)[0]:
-                if largest < 0:
-                    largest = max([item.tokens for item in window.items])
-                if largest > cap:
-                    return None  # the cap went down: a kept message would be truncated now
-        total = window.tokens
-        for message in appended:
-            if (
-                message.role == "tool"
-                or message.tool_calls
-                or message.compressed_content is not None
-                or not 0 <= message.tokens <= cap
-            ):
-                return None
-            total += message.tokens
-        if exceeds(total, config.maxConversationRatio, context_window, calibration) or (
-            config.compressToolResults
-            and not stable_prefix(config, messages)  # a stable prefix compresses at a trim only
-            and exceeds(total, config.compressWhenWindowAboveRatio, context_window, calibration)
-        ):
-            return None
-        return Window(
-            items=[*window.items, *[WindowItem(m, m.tokens) for m in appended]],
-            summary_placement=config.summaryPlacement,
-            tokens=total,
-            extendable=True,
-            largest_item=max(largest, *[m.tokens for m in appended]) if largest >= 0 else -1,
         )
 
     def _live(

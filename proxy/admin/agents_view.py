@@ -7,24 +7,14 @@ store when there is one, else the file, else the defaults: exactly what a turn r
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from proxy.agents import AgentDefinitionError, ResolvedAgent, parse_definition
-from proxy.errors import BadRequest, InvalidMemoryConfig, StoreUnavailableError
+from proxy.errors import BadRequest, InvalidMemoryConfig
 from proxy.services import Services
-from storage.base import StoreUnavailable
 from strategies.records import AgentInfo
 
-T = TypeVar("T")
 SESSION_LIMIT = 200
-
-
-async def _store_call(call: Callable[[], Awaitable[T]]) -> T:
-    try:
-        return await call()
-    except StoreUnavailable as exc:
-        raise StoreUnavailableError(f"memory store unavailable: {exc}") from exc
 
 
 async def resolve_fresh(
@@ -32,7 +22,7 @@ async def resolve_fresh(
 ) -> tuple[ResolvedAgent, dict[str, Any] | None]:
     """The agent as the next turn will run it, reading the override from the store (another
     replica may have saved it); the per-process cache is refreshed on the way."""
-    override = await _store_call(lambda: services.store.get_agent_config(agent))
+    override = await services.store.get_agent_config(agent)
     services.overrides[agent] = override
     return services.agents.resolve(agent, override), override
 
@@ -45,7 +35,7 @@ def effective_window(resolved: ResolvedAgent, services: Services) -> int:
 
 async def list_agents(services: Services) -> dict[str, Any]:
     """Every agent from files and traffic with its active memory kind and session count."""
-    traffic: list[AgentInfo] = await _store_call(services.store.list_agents)
+    traffic: list[AgentInfo] = await services.store.list_agents()
     seen = {info.agent: info for info in traffic}
     rows = []
     for name in sorted(set(services.agents.names()) | set(seen)):
@@ -73,9 +63,7 @@ def definition_dict(resolved: ResolvedAgent) -> dict[str, Any]:
 async def agent_detail(services: Services, agent: str) -> dict[str, Any]:
     """The agent's active kind, effective config and definition, and its sessions."""
     resolved, override = await resolve_fresh(services, agent)
-    sessions = await _store_call(
-        lambda: services.store.list_sessions(agent, limit=SESSION_LIMIT)
-    )
+    sessions = await services.store.list_sessions(agent, limit=SESSION_LIMIT)
     return {
         "agent": agent,
         "kind": resolved.config.kind,
@@ -130,13 +118,13 @@ async def save_agent(services: Services, agent: str, changes: dict[str, Any]) ->
         if field.startswith("memoryConfig"):
             raise InvalidMemoryConfig(str(exc), param=field) from None
         raise BadRequest(str(exc), param=field, code="invalid_agent_definition") from None
-    await _store_call(lambda: services.store.set_agent_config(agent, definition))
+    await services.store.set_agent_config(agent, definition)
     services.overrides[agent] = definition
     return services.agents.resolve(agent, definition)
 
 
 async def reset_agent(services: Services, agent: str) -> ResolvedAgent:
     """Drop the admin override: the file (or the defaults) applies again from the next turn."""
-    await _store_call(lambda: services.store.set_agent_config(agent, None))
+    await services.store.set_agent_config(agent, None)
     services.overrides[agent] = None
     return services.agents.resolve(agent, None)

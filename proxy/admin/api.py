@@ -20,18 +20,13 @@ from proxy.admin.auth import require_admin
 from proxy.admin.inspect import inspect_session, requested_session
 from proxy.admin.security import check_loopback_host
 from proxy.admin.transcript import transcript_response
-from proxy.errors import BadRequest, ProxyError
+from proxy.errors import RENDERED, BadRequest, UnsupportedMediaType
 from proxy.http.requests import parse_json_object, read_body
 from proxy.http.responses import json_response, proxy_error_handler
 from proxy.services import Services
 
 BODY_LIMIT = 1024 * 1024
 Endpoint = Callable[[Request], Awaitable[Response]]
-
-
-class UnsupportedMediaType(BadRequest):
-    status_code = 415
-    code = "unsupported_media_type"
 
 
 def admin_api(handler: Endpoint) -> Endpoint:
@@ -44,7 +39,7 @@ def admin_api(handler: Endpoint) -> Endpoint:
             require_admin(request, services.settings, services.admin_failures)
             check_loopback_host(request, services.settings)
             return await handler(request)
-        except ProxyError as exc:
+        except RENDERED as exc:
             return await proxy_error_handler(request, exc)
 
     return endpoint

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from starlette.requests import HTTPConnection
 
-from proxy.errors import Forbidden, ProxyError, Unauthorized
+from proxy.errors import Forbidden, TooManyAttempts, Unauthorized
 from proxy.settings import LOOPBACK_HOSTS, Settings
 
 COOKIE = "mp_admin"
@@ -30,12 +30,6 @@ ADMIN_COOKIE_MAX_AGE = 12 * 3600
 FAILURE_WINDOW_SECONDS = 60.0
 # addresses whose failures are tracked at once (the least recently failing forgotten first)
 MAX_TRACKED_ADDRESSES = 10_000
-
-
-class TooManyAttempts(ProxyError):
-    status_code = 429
-    error_type = "rate_limit_error"
-    code = "too_many_admin_auth_failures"
 
 
 class FailedAttempts:

@@ -7,11 +7,10 @@ from typing import Any
 from starlette.requests import HTTPConnection
 
 from proxy.agents import ResolvedAgent
-from proxy.errors import NotFound, StoreUnavailableError
+from proxy.errors import NotFound
 from proxy.services import Services
 from proxy.turn import parts, prompt_cache
-from proxy.turn.turns import current_turn_start, load_snapshot, resolve_agent, stored_context
-from storage.base import StoreUnavailable
+from proxy.turn.load import current_turn_start, load_snapshot, resolve_agent, stored_context
 from strategies import media
 from strategies.base import Window, WindowContext
 from strategies.mapper import MappingContext
@@ -26,10 +25,7 @@ async def find_session(
     API keys used the same session id."""
     if namespace:
         return SessionKey(namespace, agent, session)
-    try:
-        matches = await services.store.find_sessions(agent, session)
-    except StoreUnavailable as exc:
-        raise StoreUnavailableError(f"memory store unavailable: {exc}") from exc
+    matches = await services.store.find_sessions(agent, session)
     if not matches:
         raise NotFound(f"no session {session!r} for agent {agent!r}", code="session_not_found")
     return SessionKey(matches[0].namespace, agent, session)

@@ -7,20 +7,15 @@ from starlette.responses import Response
 
 from proxy.admin.auth import require_admin
 from proxy.admin.inspect import inspect_session, requested_session
-from proxy.errors import StoreUnavailableError
 from proxy.http.responses import json_response
 from proxy.services import Services
-from storage.base import StoreUnavailable
 
 
 async def list_sessions(request: Request) -> Response:
     services: Services = request.app.state.services
     require_admin(request, services.settings, services.admin_failures)
     agent = request.path_params["agent"]
-    try:
-        sessions = await services.store.list_sessions(agent)
-    except StoreUnavailable as exc:
-        raise StoreUnavailableError(f"memory store unavailable: {exc}") from exc
+    sessions = await services.store.list_sessions(agent)
     resolved = services.agents.resolve(agent, services.overrides.get(agent))
     return json_response({
         "agent": agent,

@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from proxy.admin import agents_view
-from proxy.admin.auth import TooManyAttempts, admitted, client_address, require_admin, token_matches
+from proxy.admin.auth import admitted, client_address, require_admin, token_matches
 from proxy.admin.forms import AgentForm, FormError, input_for
 from proxy.admin.inspect import find_session, inspect_session
 from proxy.admin.rendering import agent_url, render
@@ -29,7 +29,14 @@ from proxy.admin.security import (
 )
 from proxy.admin.transcript import page_params, transcript_view
 from proxy.background.compact import compact
-from proxy.errors import BadRequest, ProxyError, Unauthorized
+from proxy.errors import (
+    RENDERED,
+    BadRequest,
+    ProxyError,
+    TooManyAttempts,
+    Unauthorized,
+    proxy_error,
+)
 from proxy.http.requests import read_body
 from proxy.metrics import inc
 from proxy.services import Services
@@ -88,8 +95,8 @@ def admin_page(handler: Page) -> Page:
             return await handler(request)
         except Unauthorized:
             return login_page(request, status_code=401)
-        except ProxyError as exc:
-            return error_page(request, exc)
+        except RENDERED as exc:
+            return error_page(request, proxy_error(exc))
 
     return endpoint
 
@@ -226,9 +233,10 @@ async def session_page(request: Request) -> Response:
         context["before"] = (await inspect_session(services, key))["totals"]
         try:
             context["compact_result"] = await compact(services, key)
-        except ProxyError as exc:
-            context["compact_error"] = exc.message
-            status_code = exc.status_code
+        except RENDERED as exc:
+            error = proxy_error(exc)
+            context["compact_error"] = error.message
+            status_code = error.status_code
     view = await inspect_session(services, key)
     return render(request, "session.html", {**context, "view": view}, status_code=status_code)
 

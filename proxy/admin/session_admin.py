@@ -15,19 +15,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from proxy.admin.auth import require_admin
-from proxy.errors import NotFound, ProxyError, StoreUnavailableError
+from proxy.errors import AmbiguousSession, NotFound
 from proxy.http.responses import json_response
 from proxy.services import Services
-from storage.base import StoreUnavailable
 from strategies.records import SessionKey
 
 PATH = "/admin/api/agents/{agent}/sessions/{session}"
-
-
-class AmbiguousSession(ProxyError):
-    status_code = 409
-    error_type = "conflict_error"
-    code = "session_ambiguous"
 
 
 async def session_key(services: Services, agent: str, session: str, namespace: str | None
@@ -50,14 +43,11 @@ async def delete_session(request: Request) -> Response:
     services: Services = request.app.state.services
     require_admin(request, services.settings, services.admin_failures)
     params = request.path_params
-    try:
-        key = await session_key(
-            services, params["agent"], params["session"], request.query_params.get("namespace")
-        )
-        existed = await services.store.delete_session(key)
-        services.sessions.drop_session(key)
-    except StoreUnavailable as exc:
-        raise StoreUnavailableError(f"memory store unavailable: {exc}") from exc
+    key = await session_key(
+        services, params["agent"], params["session"], request.query_params.get("namespace")
+    )
+    existed = await services.store.delete_session(key)
+    services.sessions.drop_session(key)
     services.credentials.pop(key, None)
     if not existed:
         raise NotFound(

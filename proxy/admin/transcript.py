@@ -20,11 +20,10 @@ from starlette.responses import Response, StreamingResponse
 
 from proxy.admin.auth import require_admin
 from proxy.admin.inspect import requested_session
-from proxy.errors import BadRequest, NotFound, ProxyError, StoreUnavailableError
+from proxy.errors import RENDERED, BadRequest, NotFound, proxy_error
 from proxy.http.responses import json_response
 from proxy.services import Services
 from proxy.turn.prompt_cache import CACHE_META
-from storage.base import StoreUnavailable
 from strategies import media, native
 from strategies.compression import content_text
 from strategies.records import LoadSpec, LogPage, SessionKey, StoredMessage, SummaryRecord
@@ -139,10 +138,7 @@ class Record:
 
     async def open(self) -> None:
         """Read the session's meta and summaries (no messages); 404 when not stored."""
-        try:
-            snapshot = await self.services.store.load(self.key, LoadSpec(limit=0))
-        except StoreUnavailable as exc:
-            raise StoreUnavailableError(f"memory store unavailable: {exc}") from exc
+        snapshot = await self.services.store.load(self.key, LoadSpec(limit=0))
         if not snapshot.exists:
             raise NotFound(
                 f"no session {self.key.session!r} for agent {self.key.agent!r}",
@@ -154,10 +150,7 @@ class Record:
         self.active_count = snapshot.meta.active_count
 
     async def page(self, after: int, limit: int) -> LogPage:
-        try:
-            return await self.services.store.read_log(self.key, after=after, limit=limit)
-        except StoreUnavailable as exc:
-            raise StoreUnavailableError(f"memory store unavailable: {exc}") from exc
+        return await self.services.store.read_log(self.key, after=after, limit=limit)
 
     def entries(self, page: LogPage) -> list[dict[str, Any]]:
         return [
@@ -179,8 +172,8 @@ class Record:
         try:
             async for chunk in self._lines():
                 yield chunk
-        except ProxyError as exc:
-            yield orjson.dumps({"type": "error", **exc.to_dict()}) + b"\n"
+        except RENDERED as exc:
+            yield orjson.dumps({"type": "error", **proxy_error(exc).to_dict()}) + b"\n"
 
     async def _lines(self) -> AsyncIterator[bytes]:
         yield orjson.dumps({"type": "session", **self.header()}) + b"\n"

@@ -10,7 +10,8 @@ import logging
 from proxy.background import summary_prefix
 from proxy.background.summarizer import SummarizerBusy, SummarizerError, run_plan
 from proxy.services import Services
-from proxy.turn.turns import Turn, current_turn_start
+from proxy.turn.load import current_turn_start
+from proxy.turn.state import Turn
 from storage.base import StoreUnavailable
 from strategies.base import SummarizePlan
 from strategies.records import AppendResult, with_stubs
@@ -20,6 +21,7 @@ logger = logging.getLogger("memory_proxy.after_turn")
 
 def live_tokens(turn: Turn, calibration: float) -> int:
     """The live window after this turn: what was sent plus the reply, calibrated."""
+    assert turn.window is not None
     reply = sum(r.tokens for r in turn.appended if r.role == "assistant")
     return round((turn.window.tokens + reply) * calibration)
 
@@ -30,6 +32,8 @@ def schedule_after_turn(
 ) -> SummarizePlan | None:
     """``messages_api``: the turn went to the Messages upstream (so do its summaries)."""
     services.remember_credentials(turn.key, headers, messages_api=messages_api)
+    assert turn.strategy is not None and turn.window is not None
+    assert turn.context is not None and turn.snapshot is not None
     if not turn.strategy.plans_after_turn(turn.agent.config):
         return None
     stubs = turn.window.new_stubs
@@ -82,6 +86,7 @@ async def summarize_in_background(
 async def _summarize(
     services: Services, turn: Turn, plan: SummarizePlan, headers: dict[str, str], boundary: int
 ) -> None:
+    calibration = turn.context.calibration if turn.context is not None else 1.0
     try:
         record = await run_plan(
             services,
@@ -92,7 +97,7 @@ async def _summarize(
             headers=headers,
             context_window=turn.context_window,
             expect_boundary=boundary if plan.kind == "compaction" else None,
-            prefix=summary_prefix.from_turn(turn, turn.context.calibration)
+            prefix=summary_prefix.from_turn(turn, calibration)
             if services.settings.summarizer_cached_prefix
             else None,
         )

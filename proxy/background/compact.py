@@ -8,18 +8,11 @@ from starlette.responses import Response
 from proxy.admin.auth import require_admin
 from proxy.admin.inspect import inspect_session, requested_session
 from proxy.background.summarizer import SummarizerBusy, SummarizerError, run_plan
-from proxy.errors import ProxyError, StoreUnavailableError
+from proxy.errors import CompactConflict
 from proxy.http.responses import json_response
 from proxy.services import Services
-from proxy.turn.turns import load_snapshot, resolve_agent, stored_context
-from storage.base import StoreUnavailable
+from proxy.turn.load import load_snapshot, resolve_agent, stored_context
 from strategies.records import SessionKey
-
-
-class CompactConflict(ProxyError):
-    status_code = 409
-    error_type = "conflict_error"
-    code = "compaction_not_possible"
 
 
 async def compact(services: Services, key: SessionKey) -> dict[str, object]:
@@ -41,34 +34,31 @@ async def compact(services: Services, key: SessionKey) -> dict[str, object]:
     }
     if plan.noop:
         return result
-    try:
-        if plan.new_stubs:
-            await services.store.set_compressed(key, dict(plan.new_stubs))
-        headers = services.credentials.get(key) or {}
-        written = []
-        for summarize in plan.summarize:
-            if not headers and not services.settings.upstream_key():
-                raise CompactConflict(
-                    "no upstream credentials for this session in this process: send a turn "
-                    "first or set MEMORY_PROXY_UPSTREAM_API_KEY"
-                )
-            try:
-                record = await run_plan(
-                    services, key, agent, model, summarize,
-                    headers=headers,
-                    context_window=context_window,
-                    expect_boundary=meta.boundary_seq if summarize.kind == "compaction" else None,
-                )
-            except SummarizerBusy as exc:
-                raise CompactConflict(str(exc)) from exc
-            except SummarizerError as exc:
-                raise CompactConflict(f"summarizer failed: {exc}") from exc
-            if record is not None:
-                written.append({"kind": record.kind, "from_seq": record.from_seq,
-                                "to_seq": record.to_seq, "tokens": record.tokens})
-        result["summaries"] = written
-    except StoreUnavailable as exc:
-        raise StoreUnavailableError(f"memory store unavailable: {exc}") from exc
+    if plan.new_stubs:
+        await services.store.set_compressed(key, dict(plan.new_stubs))
+    headers = services.credentials.get(key) or {}
+    written = []
+    for summarize in plan.summarize:
+        if not headers and not services.settings.upstream_key():
+            raise CompactConflict(
+                "no upstream credentials for this session in this process: send a turn "
+                "first or set MEMORY_PROXY_UPSTREAM_API_KEY"
+            )
+        try:
+            record = await run_plan(
+                services, key, agent, model, summarize,
+                headers=headers,
+                context_window=context_window,
+                expect_boundary=meta.boundary_seq if summarize.kind == "compaction" else None,
+            )
+        except SummarizerBusy as exc:
+            raise CompactConflict(str(exc)) from exc
+        except SummarizerError as exc:
+            raise CompactConflict(f"summarizer failed: {exc}") from exc
+        if record is not None:
+            written.append({"kind": record.kind, "from_seq": record.from_seq,
+                            "to_seq": record.to_seq, "tokens": record.tokens})
+    result["summaries"] = written
     return result
 
 

@@ -80,7 +80,7 @@ def prefix_body(
 
 
 def from_turn(turn: Any, calibration: float) -> CachedPrefix | None:
-    """The prefix of ``turn`` (a ``proxy.turn.turns.Turn`` after its append): None when its
+    """The prefix of ``turn`` (a ``proxy.turn.state.Turn`` after its append): None when its
     reply was not stored."""
     reply = next((r for r in reversed(turn.appended) if r.role == "assistant"), None)
     if reply is None:

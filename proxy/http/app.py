@@ -10,12 +10,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy import model_info
 from proxy.admin.auth import FailedAttempts
@@ -27,18 +26,14 @@ from proxy.admin.transcript import session_transcript
 from proxy.agents import AgentRegistry
 from proxy.background.compact import compact_session
 from proxy.background.summarizer import CallBudget
-from proxy.errors import ProxyError
-from proxy.http.responses import (
-    http_error_handler,
-    json_response,
-    proxy_error_handler,
-    unexpected_error_handler,
-)
+from proxy.http.responses import EXCEPTION_HANDLERS, json_response
 from proxy.metrics import metrics_endpoint
 from proxy.services import Services
 from proxy.settings import Settings
-from proxy.surfaces.chat import chat_app, chat_path_params, forwarded_headers
-from proxy.surfaces.messages import count_tokens_app, messages_app
+from proxy.surfaces.base import Surface
+from proxy.surfaces.chat import chat_surface, forwarded_headers
+from proxy.surfaces.messages import count_tokens, messages_surface
+from proxy.turn.pipeline import serve
 from proxy.turn.session_cache import SessionCache
 from proxy.upstreams.base import Upstream, header_secrets
 from storage.base import Store
@@ -138,6 +133,16 @@ async def models(request: Request) -> Response:
     )
 
 
+def surface_endpoint(surface: Surface) -> Any:
+    """The Starlette endpoint of an API surface: its requests run the turn pipeline."""
+
+    async def endpoint(request: Request) -> Response:
+        return await serve(surface, request)
+
+    endpoint.__name__ = f"{surface.name}_endpoint"
+    return endpoint
+
+
 def routes() -> list[BaseRoute]:
     chat_paths = [
         "/v1/chat/completions",
@@ -151,12 +156,14 @@ def routes() -> list[BaseRoute]:
         "/agents/{agent}/sessions/{session}/v1/models",
     ]
     bases = ["", "/agents/{agent}", "/agents/{agent}/sessions/{session}"]
-    found: list[BaseRoute] = [Route(p, chat_app, methods=["POST"]) for p in chat_paths]
+    chat = surface_endpoint(chat_surface)
+    messages = surface_endpoint(messages_surface)
+    found: list[BaseRoute] = [Route(p, chat, methods=["POST"]) for p in chat_paths]
     found += [Route(p, models, methods=["GET"]) for p in model_paths]
     # the Messages API (proxy/surfaces/messages.py); Anthropic's clients check their base
     # URL with a HEAD first
-    found += [Route(b + "/v1/messages", messages_app, methods=["POST"]) for b in bases]
-    found += [Route(b + "/v1/messages/count_tokens", count_tokens_app, methods=["POST"])
+    found += [Route(b + "/v1/messages", messages, methods=["POST"]) for b in bases]
+    found += [Route(b + "/v1/messages/count_tokens", count_tokens, methods=["POST"])
               for b in bases]
     found += [Route(b or "/", base_url_check, methods=["HEAD"]) for b in bases]
     found += [
@@ -181,40 +188,25 @@ def routes() -> list[BaseRoute]:
     return found
 
 
-def without_trailing_slash(scope: Scope) -> Scope:
+class WithoutTrailingSlash:
     """An API path ending in "/" (``/v1/chat/completions/``) is served as the path without
     it, never redirected (Starlette's redirect would build its Location from the client's
     Host header). The admin's paths keep their own slashes."""
-    path = scope["path"]
-    root = scope.get("root_path", "")
-    if path[len(root) :].startswith("/admin"):
-        return scope
-    return {**scope, "path": path.rstrip("/") or "/"}
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            path = scope["path"]
+            root = scope.get("root_path", "")
+            if len(path) > 1 and path[-1] == "/" and not path[len(root) :].startswith("/admin"):
+                scope = {**scope, "path": path.rstrip("/") or "/"}
+        await self.app(scope, receive, send)
 
 
 async def admin_root(request: Request) -> Response:
     return RedirectResponse("/admin/", status_code=307)  # a relative Location
-
-
-class ProxyApp(Starlette):
-    """The app: chat completion requests go straight to ``chat_app`` (no routing table, no
-    middleware: the hot path), everything else through Starlette."""
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"][-1:] == "/" and len(scope["path"]) > 1:
-            scope = without_trailing_slash(scope)
-        if scope["type"] == "http" and scope["method"] == "POST":
-            path = scope["path"]
-            root = scope.get("root_path", "")
-            if root and path.startswith(root):
-                path = path[len(root) :]
-            params = chat_path_params(path)
-            if params is not None:
-                scope["app"] = self
-                scope["path_params"] = params
-                await chat_app(scope, receive, send)
-                return
-        await super().__call__(scope, receive, send)
 
 
 def create_app(
@@ -255,15 +247,10 @@ def create_app(
                 await services.messages_upstream.close()
             await services.store.close()
 
-    handlers: dict[Any, Any] = {
-        ProxyError: proxy_error_handler,
-        HTTPException: http_error_handler,
-        Exception: unexpected_error_handler,
-    }
-    app = ProxyApp(
-        routes=routes(), lifespan=lifespan, exception_handlers=handlers,
-        middleware=[Middleware(CrossSiteWrites)],
+    app = Starlette(
+        routes=routes(), lifespan=lifespan, exception_handlers=dict(EXCEPTION_HANDLERS),
+        middleware=[Middleware(WithoutTrailingSlash), Middleware(CrossSiteWrites)],
     )
-    app.router.redirect_slashes = False  # see without_trailing_slash
+    app.router.redirect_slashes = False  # see WithoutTrailingSlash
     app.state.services = services
     return app

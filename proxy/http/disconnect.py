@@ -19,20 +19,12 @@ from typing import TypeVar
 
 from starlette.types import Receive
 
-from proxy.errors import ProxyError
+from proxy.errors import ClientDisconnected
 
 T = TypeVar("T")
 
 # how long a call awaited by ``unless_disconnected`` runs before the client is watched
 WATCH_AFTER_SECONDS = 0.05
-
-
-class ClientDisconnected(ProxyError):
-    """The client closed the connection; the answer goes nowhere (nginx's 499)."""
-
-    status_code = 499
-    error_type = "client_closed_request"
-    code = "client_disconnected"
 
 
 async def _disconnected(receive: Receive) -> None:

@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from proxy.errors import BadRequest, HeadersTooLarge, StoreUnavailableError, TooManySessions
+from proxy.errors import BadRequest, HeadersTooLarge, TooManySessions
 from proxy.settings import Settings
-from storage.base import Store, StoreUnavailable
+from storage.base import Store
 
 # model ids, names and ids of every provider fit with room to spare (OpenAI: 64 for names)
 MAX_IDENTIFIER_CHARS = 256
@@ -93,10 +93,7 @@ async def check_new_session(settings: Settings, store: Store, namespace: str) ->
     most = settings.max_sessions_per_key
     if not most:
         return
-    try:
-        count = await store.count_sessions(namespace)
-    except StoreUnavailable as exc:
-        raise StoreUnavailableError(f"memory store unavailable: {exc}") from exc
+    count = await store.count_sessions(namespace)
     if count >= most:
         raise TooManySessions(
             f"this API key has {count} sessions, the most this proxy keeps per key "

@@ -9,8 +9,7 @@ import orjson
 from starlette.requests import Request
 from starlette.types import Receive
 
-from proxy.errors import BadRequest, PayloadTooLarge
-from proxy.http.disconnect import ClientDisconnected
+from proxy.errors import BadRequest, ClientDisconnected, PayloadTooLarge
 
 
 async def read_body(request: Request, limit: int) -> bytes:

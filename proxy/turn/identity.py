@@ -13,11 +13,16 @@ import hashlib
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from proxy.agents import DEFAULT_AGENT
 from proxy.errors import BadRequest
+from proxy.turn.state import Turn, TurnRequest
 from strategies.key_cache import short_key_cache
+from strategies.records import SessionKey
+
+if TYPE_CHECKING:
+    from proxy.services import Services
 
 SessionSource = Literal["path", "header", "metadata", "prompt_cache_key", "user", "fingerprint"]
 # braces would break the Redis hash tag; slashes the path form
@@ -153,3 +158,29 @@ def identify(
         session = "fp-" + hashlib.sha256(material.encode()).hexdigest()[:24]
         source = "fingerprint"
     return Identity(namespace_for(api_key), agent, _checked(session, "session"), source)
+
+
+def identify_turn(services: Services, request: TurnRequest) -> Turn:
+    """The identify step: whose turn this is (agent, session, namespace), with the
+    agent's config as last known here (the load step confirms it)."""
+
+    def resolve(agent: str) -> Any:
+        return services.agents.resolve(agent, services.overrides.get(agent))
+
+    identity = identify(
+        path_params=request.path_params,
+        headers=request.headers,
+        body=request.options,
+        api_key=client_key(request.headers),
+        system=request.system,
+        conversation=request.conversation,
+        user_as_session=lambda agent: resolve(agent).definition.userAsSession,
+    )
+    agent = resolve(identity.agent)
+    return Turn(
+        request=request,
+        identity=identity,
+        key=SessionKey(identity.namespace, identity.agent, identity.session),
+        agent=agent,
+        model=str(request.model or agent.definition.llm.model or ""),
+    )

@@ -20,9 +20,7 @@ import math
 from collections.abc import Sequence
 
 from proxy.agents import ResolvedAgent
-from proxy.errors import StoreUnavailableError
 from proxy.services import Services
-from storage.base import StoreUnavailable
 from strategies.base import CountTokens
 from strategies.compression import stub_tokens
 from strategies.records import LoadSpec, SessionKey, SessionSnapshot, StoredMessage
@@ -117,11 +115,8 @@ async def fill_for(
         return
     if model is None:
         model = snapshot.meta.model or agent.definition.llm.model or ""
-    try:
-        await fill_page(
-            services, key, spec, snapshot,
-            context_window=agent.context_window(model, services.settings.default_context_window),
-            count_tokens=cached_counter(model),
-        )
-    except StoreUnavailable as exc:
-        raise StoreUnavailableError(f"memory store unavailable: {exc}") from exc
+    await fill_page(
+        services, key, spec, snapshot,
+        context_window=agent.context_window(model, services.settings.default_context_window),
+        count_tokens=cached_counter(model),
+    )

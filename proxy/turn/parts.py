@@ -24,9 +24,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.errors import BadRequest, StoreUnavailableError
+from proxy.errors import BadRequest
 from proxy.services import Services
-from storage.base import StoreUnavailable
 from storage.parts import StorePartReader
 from strategies import media
 from strategies.mapper import MappingContext
@@ -193,10 +192,7 @@ async def load_media(
     missing = [d for d in wanted if d not in loaded]
     if missing:
         reader = services.part_reader or StorePartReader(services.store)
-        try:
-            found = await reader.read_parts(key, missing)
-        except StoreUnavailable as exc:
-            raise StoreUnavailableError(f"memory store unavailable: {exc}") from exc
+        found = await reader.read_parts(key, missing)
         loaded.update({d: v for d, v in found.items() if d in missing})
     mapping.parts = loaded
 
@@ -209,7 +205,4 @@ async def store_parts(
     if not blobs:
         return
     rows = [(b.digest, b.data, b.media_type) for b in blobs.values()]
-    try:
-        await services.store.put_parts(key, rows)
-    except StoreUnavailable as exc:
-        raise StoreUnavailableError(f"memory store unavailable: {exc}") from exc
+    await services.store.put_parts(key, rows)

@@ -6,11 +6,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from proxy.errors import StoreUnavailableError
 from proxy.services import Services
 from proxy.turn import history_sync, parts, prompt_cache
-from proxy.turn.turns import Turn
-from storage.base import StoreUnavailable
+from proxy.turn.state import Turn
 from strategies.records import AppendResult, StoredMessage, TurnWrite
 from strategies.tokens import count_message
 
@@ -38,6 +36,7 @@ def calibrated(previous: float, estimate: int, reported: int | None) -> float | 
 
 
 def reply_meta(turn: Turn, usage: dict[str, Any] | None = None) -> dict[str, Any]:
+    assert turn.sync is not None
     meta: dict[str, Any] = {"model": turn.model} if turn.model else {}
     if turn.sync.idempotency_key:
         meta["idempotency_key"] = turn.sync.idempotency_key
@@ -57,6 +56,8 @@ async def persist_turn(
     usage: dict[str, Any] | None,
 ) -> AppendResult:
     """Store the turn's new messages and the reply in one atomic write."""
+    assert turn.window is not None and turn.sync is not None and turn.snapshot is not None
+    assert turn.spec is not None
     records = list(turn.new_messages)
     stubs = dict(turn.window.new_stubs)
     for record in records:
@@ -97,12 +98,7 @@ async def persist_turn(
         compressed=stubs or None,
     )
     await parts.store_parts(services, turn.key, turn.blobs)
-    try:
-        result = await services.store.append_turn(
-            turn.key, write, with_others=services.chats_under_way > 1
-        )
-    except StoreUnavailable as exc:
-        raise StoreUnavailableError(f"memory store unavailable: {exc}") from exc
+    result = await services.store.append_turn(turn.key, write)
     for record, seq in zip(records, result.seqs, strict=False):
         record.seq = seq
     turn.appended = records
@@ -115,8 +111,5 @@ async def persist_turn(
             write.compressed,
             result.meta.version,
             result.meta.head_chain,
-            # a window the proxy changed after the strategy chose it (media blocks settled
-            # on its items) is not the strategy's to extend
-            (turn.context, turn.window) if turn.window.extendable and not turn.settled else None,
         )
     return result

@@ -11,11 +11,6 @@ compression stubs, a summary or compaction, an admin edit) and the next load rea
 session again. Cached messages are shared between turns and never mutated:
 a change is a new record (``dataclasses.replace``).
 
-With the proxy's own turn write, the entry keeps the strategy's decision for that turn
-(its context and window, ``CachedSession.decision``): the next turn passes it to the
-strategy (``WindowContext.previous``), which may extend that window by the messages
-appended since instead of choosing anew.
-
 Bounded by an estimate of the memory it holds (``MEMORY_PROXY_SESSION_CACHE_MB``; a
 message is counted as ``MESSAGE_OVERHEAD`` bytes plus 4 per token, measured against
 tracemalloc on typical messages, plus its ids and name, which tokens do not count; each
@@ -28,7 +23,6 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from strategies.base import Window, WindowContext
 from strategies.records import (
     LoadSpec,
     SessionKey,
@@ -39,16 +33,10 @@ from strategies.records import (
     with_stubs,
 )
 
-__all__ = ["CachedSession", "SessionCache", "decision_bytes", "estimated_bytes", "key_bytes"]
+__all__ = ["CachedSession", "SessionCache", "estimated_bytes", "key_bytes"]
 
-# the strategy's context and window for one turn (``WindowContext.previous``)
-Decision = tuple[WindowContext, Window]
-
-# the record, its fingerprint and chain strings, its meta dict, the list slot and the
-# rendering the mapper keeps on it (about 185 bytes)
+# the record, its fingerprint and chain strings, its meta dict and the list slot
 MESSAGE_OVERHEAD = 600
-# a kept decision, per message of its window: the window item and two list slots
-DECISION_OVERHEAD = 100
 BYTES_PER_TOKEN = 4
 
 
@@ -82,11 +70,6 @@ def key_bytes(key: SessionKey, spec: LoadSpec) -> int:
     return slot_bytes(_slot(key, spec))
 
 
-def decision_bytes(decision: Decision | None) -> int:
-    """A kept decision's own share: its window's items (the records are the page's)."""
-    return 0 if decision is None else DECISION_OVERHEAD * len(decision[1].items)
-
-
 def _within(
     spec: LoadSpec, messages: tuple[StoredMessage, ...], size: int
 ) -> tuple[tuple[StoredMessage, ...], int]:
@@ -117,9 +100,6 @@ class CachedSession:
     messages: tuple[StoredMessage, ...]
     summaries: tuple[SummaryRecord, ...]
     size: int  # estimated bytes
-    # the strategy's decision for this process's last turn on the session, kept while the
-    # session only grows (turns of another worker or replica caught up on since)
-    decision: Decision | None = None
 
 
 class SessionCache:
@@ -143,13 +123,6 @@ class SessionCache:
         """What is held for the session: its version and head are a load's ``known_version``
         and ``known_head``."""
         return self._entries.get(_slot(key, spec))
-
-    def decision(self, key: SessionKey, spec: LoadSpec, version: int) -> Decision | None:
-        """The strategy's decision for this process's last turn on the session, if it still
-        holds the session at ``version``: the version that turn wrote, or a later one it
-        caught up on (turns of another worker that only appended)."""
-        entry = self._entries.get(_slot(key, spec))
-        return entry.decision if entry is not None and entry.version == version else None
 
     def holds_all(self, key: SessionKey, spec: LoadSpec) -> bool:
         """The cached page held every active message when it was cached: it reads from the
@@ -194,8 +167,7 @@ class SessionCache:
 
     def repaged(self, key: SessionKey, spec: LoadSpec, snapshot: SessionSnapshot) -> None:
         """A page that paging (proxy/turn/paging.py) grew by older messages or trimmed at its
-        start, held in place of the one loaded at the same version. The kept decision
-        goes: its window led with records the page no longer starts with."""
+        start, held in place of the one loaded at the same version."""
         slot = _slot(key, spec)
         entry = self._entries.get(slot)
         if entry is None or entry.version != snapshot.meta.version:
@@ -220,21 +192,13 @@ class SessionCache:
             self._drop(slot)
             return False
         messages, size = _within(spec, (*entry.messages, *new), entry.size + estimated_bytes(new))
-        # The session only grew, so the decision this process kept for its own last turn
-        # still leads the page: a strategy extends it over the same records followed by
-        # new ones, and its own checks refuse what it cannot extend. Not when the limit cut
-        # the page's start (those records are gone).
-        decision = entry.decision
-        if decision is not None and len(messages) < len(entry.messages) + len(new):
-            size -= decision_bytes(decision)
-            decision = None
         self.catch_ups += 1
         snapshot.messages = list(messages)
         snapshot.summaries = list(entry.summaries)
         snapshot.grown = False
         meta = snapshot.meta
         self._put(slot, CachedSession(
-            meta.version, meta.head_seq, messages, entry.summaries, size, decision
+            meta.version, meta.head_seq, messages, entry.summaries, size
         ))  # fmt: skip
         return True
 
@@ -247,15 +211,12 @@ class SessionCache:
         stubs: Mapping[int, str | None] | None,
         version: int,
         head_chain: str,
-        decision: Decision | None = None,
     ) -> None:
         """Apply the proxy's own turn write to the session as ``loaded`` (before the write):
         ``appended`` with their assigned seqs, ``stubs`` set on older messages. Kept only
         when the write was the only one since the load (``version`` is one past
         ``loaded``'s) and the chain the store computed is the one computed here. A session
-        the write created is kept when the chain shows it holds only this turn.
-        ``decision``: the strategy's for this turn, kept with the new version (its
-        context's ``previous`` cleared: not a chain of every turn before)."""
+        the write created is kept when the chain shows it holds only this turn."""
         slot = _slot(key, spec)
         if spec.since == "turn":
             return  # its start moves with every user message: not worth following
@@ -277,19 +238,15 @@ class SessionCache:
         size = estimated_bytes(appended)
         current = self._entries.get(slot)
         if current is not None and current.version == loaded.meta.version:
-            # the entry the turn loaded, grown by the turn (its decision is replaced)
-            size += current.size - decision_bytes(current.decision)
+            # the entry the turn loaded, grown by the turn
+            size += current.size
         else:
             size += estimated_bytes(loaded.messages)
         messages, size = _within(spec, messages, size)
         if current is not None and current.version > version:
             return  # a later turn of this session already cached a newer state
         head = appended[-1].seq if appended else loaded.meta.head_seq
-        size += decision_bytes(decision)
-        self._put(
-            slot,
-            CachedSession(version, head, messages, tuple(loaded.summaries), size, decision),
-        )
+        self._put(slot, CachedSession(version, head, messages, tuple(loaded.summaries), size))
 
     def drop_session(self, key: SessionKey) -> None:
         session = (key.namespace, key.agent, key.session)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import threading
-import time
 
 import httpx
 import openai
@@ -475,39 +473,3 @@ def test_metrics_count_turns_tokens_and_errors(proxy, fake):
     assert value(after, tokens) > value(before, tokens)
     assert value(after, errors) == value(before, errors) + 1
     assert "# TYPE memory_proxy_turns_total counter" in after
-
-
-def test_a_turn_that_ends_while_others_are_under_way_may_share_their_commit(proxy, fake):
-    """The store is told when other chats are under way (it may then commit the turn's
-    append with theirs) and when the turn is alone (written at once)."""
-    store = proxy.services.store
-    real = store.append_turn
-    hints: dict[str, bool] = {}
-
-    async def append_turn(key, write, **kwargs):
-        hints[key.session] = kwargs.get("with_others", False)
-        return await real(key, write, **kwargs)
-
-    store.append_turn = append_turn
-    user = [{"role": "user", "content": "hi"}]
-    fake.queue(Reply.text("alone"))
-    proxy.client("helper", "alone").chat.completions.create(model="gpt-4o", messages=user)
-    assert hints == {"alone": False}
-
-    fake.queue(Reply.text("slow", first_token_delay=2.0))  # under way all through "fast"
-    fake.queue(Reply.text("fast"))
-    seen = len(fake.chat_requests)
-    slow_client = proxy.client("helper", "slow")
-    slow = threading.Thread(
-        target=lambda: slow_client.chat.completions.create(model="gpt-4o", messages=user)
-    )
-    slow.start()
-    deadline = time.monotonic() + 5
-    while len(fake.chat_requests) == seen and time.monotonic() < deadline:
-        time.sleep(0.005)
-    proxy.client("helper", "fast").chat.completions.create(model="gpt-4o", messages=user)
-    slow.join(5)
-    # the fast turn ended while the slow one waited for its reply
-    assert hints["alone"] is False and hints["fast"] is True and "slow" in hints
-    assert [m.content for m in proxy.stored("helper", "fast")] == ["hi", "fast"]
-    assert [m.content for m in proxy.stored("helper", "slow")] == ["hi", "slow"]

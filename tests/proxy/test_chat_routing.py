@@ -1,5 +1,5 @@
-"""The chat route's own dispatch (proxy/http/app.py ProxyApp, proxy/surfaces/chat.py
-chat_path_params): the same paths as the routing table, answered without it."""
+"""The chat routes (proxy/http/app.py): ordinary Starlette routes, so the paths are the
+routing table's and middleware added to the app sees every chat request."""
 
 from __future__ import annotations
 
@@ -9,27 +9,85 @@ from e2e import CLIENT_KEY
 
 from proxy.http.app import create_app
 from proxy.settings import Settings
-from proxy.surfaces.chat import chat_path_params
 from proxy.testing.fake_upstream import Reply
 
 
 @pytest.mark.parametrize(
-    ("path", "params"),
+    ("path", "session"),
     [
-        ("/v1/chat/completions", {}),
-        ("/chat/completions", {}),
-        ("/agents/helper/v1/chat/completions", {"agent": "helper"}),
-        ("/agents/helper/sessions/s-1/v1/chat/completions", {"agent": "helper", "session": "s-1"}),
-        ("/agents//v1/chat/completions", None),
-        ("/agents/helper/sessions//v1/chat/completions", None),
-        ("/agents/a/b/v1/chat/completions", None),
-        ("/agents/a/sessions/b/c/v1/chat/completions", None),
-        ("/v1/chat/completions/", None),
-        ("/v2/chat/completions", None),
+        ("/v1/chat/completions", None),
+        ("/chat/completions", None),
+        ("/agents/helper/v1/chat/completions", None),
+        ("/agents/helper/sessions/s-1/v1/chat/completions", "s-1"),
+        ("/agents//v1/chat/completions", 404),
+        ("/agents/helper/sessions//v1/chat/completions", 404),
+        ("/agents/a/b/v1/chat/completions", 404),
+        ("/agents/a/sessions/b/c/v1/chat/completions", 404),
+        ("/v2/chat/completions", 404),
     ],
 )
-def test_chat_paths_yield_their_parameters_and_nothing_else_matches(path, params):
-    assert chat_path_params(path) == params
+async def test_chat_paths_are_served_and_nothing_else_is(fake, agents_dir, tmp_path, path, session):
+    fake.queue(Reply.text("routed"))
+    app = create_app(Settings(store_url=f"sqlite:///{tmp_path}/m.db", upstream_url=fake.url,
+                              agents_dir=agents_dir))
+    transport = httpx.ASGITransport(app=app)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client,
+    ):
+        response = await client.post(
+            path, json={"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]},
+            headers={"Authorization": f"Bearer {CLIENT_KEY}"},
+        )
+    if session == 404:
+        assert response.status_code == 404
+        assert response.json()["error"]["type"] == "not_found_error"
+        return
+    assert response.status_code == 200
+    assert response.json()["choices"][0]["message"]["content"] == "routed"
+    if session is not None:
+        assert response.headers["x-memory-session"] == session
+
+
+async def test_middleware_added_to_the_app_sees_chat_requests(fake, agents_dir, tmp_path):
+    """A user's middleware (CORS, auth, tracing) wraps the chat route like any other."""
+    seen: list[str] = []
+
+    class Tracing:
+        def __init__(self, app):
+            self.app = app
+
+        async def __call__(self, scope, receive, send):
+            if scope["type"] == "http":
+                seen.append(scope["path"])
+
+                async def tagged(message):
+                    if message["type"] == "http.response.start":
+                        message["headers"] = [*message["headers"], (b"x-traced", b"yes")]
+                    await send(message)
+
+                await self.app(scope, receive, tagged)
+                return
+            await self.app(scope, receive, send)
+
+    fake.queue(Reply.text("traced"))
+    app = create_app(Settings(store_url=f"sqlite:///{tmp_path}/m.db", upstream_url=fake.url,
+                              agents_dir=agents_dir))
+    app.add_middleware(Tracing)
+    transport = httpx.ASGITransport(app=app)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client,
+    ):
+        response = await client.post(
+            "/agents/helper/sessions/traced/v1/chat/completions",
+            json={"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]},
+            headers={"Authorization": f"Bearer {CLIENT_KEY}"},
+        )
+    assert response.status_code == 200
+    assert response.json()["choices"][0]["message"]["content"] == "traced"
+    assert response.headers["x-traced"] == "yes"
+    assert seen == ["/agents/helper/sessions/traced/v1/chat/completions"]
 
 
 def test_a_get_on_a_chat_path_is_refused_with_405_in_openai_shape(proxy):
@@ -62,7 +120,7 @@ async def test_the_app_serves_chat_under_a_root_path(fake, store_url, agents_dir
     assert response.headers["x-memory-session"] == "rooted"
 
 
-def test_a_bad_body_gets_a_400_in_openai_shape_from_the_fast_path(proxy):
+def test_a_bad_body_gets_a_400_in_openai_shape(proxy):
     response = httpx.post(
         f"{proxy.base}/v1/chat/completions", content=b"{not json",
         headers={"Authorization": f"Bearer {CLIENT_KEY}", "Content-Type": "application/json"},

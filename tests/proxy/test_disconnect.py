@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from proxy.http.disconnect import WATCH_AFTER_SECONDS, ClientDisconnected, unless_disconnected
+from proxy.errors import ClientDisconnected
+from proxy.http.disconnect import WATCH_AFTER_SECONDS, unless_disconnected
 
 
 class Client:

@@ -9,7 +9,7 @@ from media_samples import b64, data_url, jpeg, pdf, png, wav
 
 from proxy.errors import BadRequest
 from proxy.turn.parts import PartBlob, announced_attachments, extract_parts
-from proxy.turn.turns import new_record
+from proxy.turn.sync import new_record
 from strategies import media
 from strategies.tokens import count_message
 

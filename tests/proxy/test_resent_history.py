@@ -14,7 +14,7 @@ from e2e import RunningProxy
 
 import proxy.turn.history_sync as history_sync
 from proxy.testing.fake_upstream import Reply
-from proxy.turn.turns import new_record
+from proxy.turn.sync import new_record
 from storage.sqlite import SqliteStore
 from strategies.records import LoadSpec, SessionKey, TurnWrite
 

@@ -4,7 +4,6 @@ and store is exactly what a proxy without the cache sends and stores."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import hashlib
 import json
 
@@ -14,7 +13,7 @@ from e2e import RunningProxy, write_agent
 from summarizing_support import MODEL, sized
 
 from proxy.testing.fake_upstream import Reply
-from proxy.turn.session_cache import SessionCache, decision_bytes, estimated_bytes, key_bytes
+from proxy.turn.session_cache import SessionCache, estimated_bytes, key_bytes
 from strategies.records import (
     LoadSpec,
     SessionKey,
@@ -82,10 +81,7 @@ def test_a_cached_session_is_what_a_fresh_load_returns(make_proxy, fake, agents_
         assert list(entry.messages) == fresh.messages
         assert list(entry.summaries) == fresh.summaries
     # the size kept up turn by turn is the estimate of what is held
-    assert all(
-        entry.size == estimated_bytes(entry.messages) + decision_bytes(entry.decision)
-        for _, _, entry in entries
-    )
+    assert all(entry.size == estimated_bytes(entry.messages) for _, _, entry in entries)
     assert proxy.services.sessions.size == sum(
         entry.size + key_bytes(key, spec) for key, spec, entry in entries)
     if fetch < 500:
@@ -129,124 +125,6 @@ def test_with_and_without_the_cache_the_upstream_sees_the_same_windows(
         (m.role, m.content, m.compressed_content) for m in uncached.stored("cached", "without")
     ]
     assert with_rows == without_rows
-
-
-def extensions(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
-    """Every time summarizing_window is handed a kept decision from here on: whether it
-    extended it (True) or chose anew."""
-    from strategies.summarizing_window import SummarizingWindowStrategy
-
-    extended: list[bool] = []
-    choose = SummarizingWindowStrategy._extended
-
-    def spy(self, ctx, previous, window):  # type: ignore[no-untyped-def]
-        result = choose(self, ctx, previous, window)
-        extended.append(result is not None)
-        return result
-
-    monkeypatch.setattr(SummarizingWindowStrategy, "_extended", spy)
-    return extended
-
-
-def test_a_plain_turn_extends_the_window_chosen_for_the_turn_before(
-    make_proxy, fake, agents_dir, monkeypatch
-):
-    """The cache keeps the strategy's decision with each turn it writes; the next turn's
-    window extends it (the calibration moving with every reply), and the upstream sees
-    what a proxy choosing every window anew sends."""
-    extended = extensions(monkeypatch)
-    write_agent(agents_dir, "cached", llm={"model": MODEL, "contextWindow": 100_000})
-
-    def talk(proxy: RunningProxy, session: str) -> None:
-        client = proxy.client("cached", session)
-        for n in range(6):
-            fake.queue(Reply.text(f"answer {n}"))
-            client.chat.completions.create(model=MODEL, messages=[
-                {"role": "system", "content": "Be brief."},
-                {"role": "user", "content": f"question {n}"}])
-        proxy.drain()
-
-    cached = make_proxy()
-    talk(cached, "with")
-    with_cache = sent(fake)
-    assert extended == [True] * 5
-    entry = cached_entries(cached)[0][2]
-    assert entry.decision is not None and entry.decision[0].previous is None
-    assert [m.seq for m in entry.decision[0].messages] == list(range(1, 12))
-    uncached = make_proxy(session_cache_mb=0)
-    talk(uncached, "without")
-    assert len(extended) == 5  # nothing kept without the cache
-    assert sent(fake, len(with_cache)) == with_cache
-
-
-def test_turns_alternating_between_replicas_extend_each_replica_s_last_window(
-    make_proxy, fake, agents_dir, monkeypatch
-):
-    """A replica catching up on the other's turn keeps the decision of its own last turn:
-    the next window extends it over the other's messages too, and the upstream sees what
-    replicas choosing every window anew send. Where the strategy cannot extend (a tool
-    unit in between, other settings), it chooses anew."""
-    extended = extensions(monkeypatch)
-    write_agent(agents_dir, "cached", llm={"model": MODEL, "contextWindow": 100_000})
-    tools = [{"type": "function", "function": LOOKUP}]
-
-    def talk(replicas: list[RunningProxy], session: str) -> None:
-        clients = [proxy.client("cached", session) for proxy in replicas]
-        for n in range(6):
-            fake.queue(Reply.text(f"answer {n}"))
-            clients[n % 2].chat.completions.create(model=MODEL, messages=[
-                {"role": "system", "content": "Be brief."},
-                {"role": "user", "content": f"question {n}"}])
-        # a tool round trip, its two requests on different replicas, then plain turns
-        fake.queue(Reply.tool_calls([{"id": "call_1", "name": "lookup",
-                                      "arguments": {"q": "x"}}]))
-        clients[0].chat.completions.create(model=MODEL, tools=tools, messages=[
-            {"role": "system", "content": "Be brief."}, {"role": "user", "content": "look"}])
-        fake.queue(Reply.text("found"))
-        clients[1].chat.completions.create(model=MODEL, tools=tools, messages=[
-            {"role": "system", "content": "Be brief."},
-            {"role": "tool", "tool_call_id": "call_1", "content": "the thing"}])
-        for n in range(6, 9):
-            fake.queue(Reply.text(f"answer {n}"))
-            clients[n % 2].chat.completions.create(model=MODEL, messages=[
-                {"role": "system", "content": "Be brief."},
-                {"role": "user", "content": f"question {n}"}])
-        for proxy in replicas:
-            proxy.drain()
-
-    cached = [make_proxy(), make_proxy()]
-    talk(cached, "with")
-    with_cache = sent(fake)
-    assert all(p.services.sessions.catch_ups for p in cached)
-    # turns 2-5 extend the replica's own turn before. Chosen anew: the tool round trip's
-    # two requests (they carry tools: another system size), turn 6 (the tool unit lies
-    # between) and turn 7 (its replica's last request carried tools). Turn 8 extends 6.
-    assert extended == [True, True, True, True, False, False, False, False, True]
-    uncached = [make_proxy(session_cache_mb=0), make_proxy(session_cache_mb=0)]
-    talk(uncached, "without")
-    assert len(extended) == 9  # nothing kept without the cache
-    assert sent(fake, len(with_cache)) == with_cache
-
-
-def test_a_window_the_proxy_changed_after_the_strategy_chose_it_is_not_kept(
-    make_proxy, fake, agents_dir
-):
-    """A current turn's media blocks are settled on the chosen window's items: that window
-    is no longer the strategy's, so it is not kept for the next turn to extend."""
-    from media_samples import data_url, png
-
-    write_agent(agents_dir, "vision", llm={"model": "gpt-4o", "capabilities": ["image"]})
-    proxy = make_proxy()
-    client = proxy.client("vision", "s1")
-    fake.queue(Reply.text("plain"), Reply.text("a cat"), Reply.text("later"))
-    client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
-    assert cached_entries(proxy)[0][2].decision is not None
-    image = {"type": "image_url", "image_url": {"url": data_url("image/png", png(64, 64))}}
-    client.chat.completions.create(model="gpt-4o", messages=[
-        {"role": "user", "content": [{"type": "text", "text": "what is it?"}, image]}])
-    assert cached_entries(proxy)[0][2].decision is None
-    client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "ok"}])
-    assert cached_entries(proxy)[0][2].decision is not None
 
 
 def test_a_write_by_another_replica_is_seen_on_the_next_turn(make_proxy, fake):
@@ -474,40 +352,3 @@ def test_turns_alternating_between_replicas_read_only_what_the_other_appended(ma
     latest = max((first, second), key=lambda p: cached_entries(p)[0][2].version)
     assert list(cached_entries(latest)[0][2].messages) == stored.messages
 
-
-def decided(messages: list[StoredMessage]) -> tuple:
-    """A strategy's decision over ``messages``: every one kept as stored."""
-    from strategies.base import Window, WindowContext, WindowItem
-    from strategies.config import SummarizingWindowConfig
-
-    context = WindowContext(config=SummarizingWindowConfig(), context_window=100_000,
-                            messages=list(messages))
-    return context, Window(items=[WindowItem(m, m.tokens) for m in messages], extendable=True)
-
-
-def test_a_grown_snapshot_keeps_the_decision_of_this_process_s_last_turn():
-    cache = SessionCache(max_bytes=1 << 20)
-    key, spec = SessionKey("ns", "a", "s"), LoadSpec(limit=8)
-    held = held_page(cache, key, spec)
-    held.meta = dataclasses.replace(held.meta, head_chain=held.messages[-1].chain)
-    turn = chained([record(5, "five")], held.messages[-1].chain)
-    decision = decided([*held.messages, *turn])
-    cache.after_append(key, spec, held, turn, None, 4, turn[-1].chain, decision)
-    known = cache.known(key, spec)
-    assert known.decision is decision
-
-    # another worker's turn: the session grew by two messages, the page keeps its start
-    new = chained([record(6, "six"), record(7, "seven")], turn[-1].chain)
-    assert cache.fill(key, spec, grown(5, 7, new), known)
-    entry = cache.known(key, spec)
-    assert cache.decision(key, spec, 5) is decision and cache.decision(key, spec, 4) is None
-    assert entry.size == estimated_bytes(entry.messages) + decision_bytes(decision)
-    assert cache.size == entry.size + key_bytes(key, spec)
-
-    # two more: the limit cuts the page's first message, the decision's records with it
-    more = chained([record(8, "eight"), record(9, "nine")], new[-1].chain)
-    assert cache.fill(key, spec, grown(6, 9, more), entry)
-    entry = cache.known(key, spec)
-    assert [m.seq for m in entry.messages] == list(range(2, 10))
-    assert entry.decision is None and cache.decision(key, spec, 6) is None
-    assert entry.size == estimated_bytes(entry.messages) == cache.size - key_bytes(key, spec)

@@ -346,7 +346,8 @@ class ReadsStream:
 async def test_events_that_arrive_together_are_forwarded_together() -> None:
     """One write per read of the upstream: what one read brought (``ready()``) goes out in
     one piece, in order, up to ``[DONE]``; a later read is a later piece."""
-    from proxy.surfaces.chat import DONE, relay
+    from proxy.surfaces.chat import DONE, chat_surface
+    from proxy.turn.relay import relay
 
     def event(text: str) -> SSEEvent:
         data = b'{"choices":[{"index":0,"delta":{"content":"' + text.encode() + b'"}}]}'
@@ -354,7 +355,7 @@ async def test_events_that_arrive_together_are_forwarded_together() -> None:
 
     done = SSEEvent(b"data: [DONE]\n\n", b"[DONE]")
     stream = ReadsStream([[event("a"), event("b"), event("c")], [event("d"), done, event("late")]])
-    pieces = [piece async for piece in relay(None, stream, None, True, {})]
+    pieces = [piece async for piece in relay(chat_surface, stream, None)]
 
     assert pieces == [event("a").raw + event("b").raw + event("c").raw, event("d").raw, DONE]
     assert stream.closed
@@ -363,7 +364,8 @@ async def test_events_that_arrive_together_are_forwarded_together() -> None:
 async def test_events_before_a_malformed_one_in_the_same_read_are_still_forwarded() -> None:
     """Forwarding per read keeps what per event did: the events before one that cannot be
     read are sent, then the stream ends with an upstream error event."""
-    from proxy.surfaces.chat import relay
+    from proxy.surfaces.chat import chat_surface
+    from proxy.turn.relay import relay
 
     good = b'{"id":"c","choices":[{"index":0,"delta":{"content":"a"}}]}'
     stream = ReadsStream([[SSEEvent(b"data: " + good + b"\n\n", good),
@@ -372,7 +374,7 @@ async def test_events_before_a_malformed_one_in_the_same_read_are_still_forwarde
     class Turn:  # relay reads the chunks only when a turn is being stored
         pass
 
-    pieces = [piece async for piece in relay(None, stream, Turn(), True, {})]
+    pieces = [piece async for piece in relay(chat_surface, stream, Turn())]
     assert pieces[0] == b"data: " + good + b"\n\n"
     assert len(pieces) == 2 and pieces[1].startswith(b"data: ")
     assert orjson.loads(pieces[1][6:])["error"]["code"] == "upstream_invalid_reply"

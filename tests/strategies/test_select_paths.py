@@ -12,7 +12,6 @@ with summaries placed both ways.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import unicodedata
 from typing import Any
@@ -103,15 +102,9 @@ def reference_select(ctx: WindowContext) -> Window:
     total = fixed + sum(i.tokens for i in kept)
     if exceeds(total, config.maxConversationRatio, window, calibration):
         notes.append("the current turn alone exceeds maxConversationRatio")
-    # extendable: the whole live window fit as is (the shortcut's terms), nothing noted
-    sizes = [i.tokens for i in items]
-    fits = bool(live) and not exceeds(fixed + sum(sizes), config.maxConversationRatio, window,
-                                      calibration) and calibration >= 0 and min(sizes) >= 0 and (
-        live[0].role != "tool")
     return Window(items=kept, summaries=[summary] if summary else [],
                   summary_placement=config.summaryPlacement, trimmed=len(ctx.messages) - len(kept),
-                  new_stubs=stubs, tokens=total, notes=notes,
-                  extendable=fits and not notes and not ctx.summaries)
+                  new_stubs=stubs, tokens=total, notes=notes)
 
 
 def assert_same_window(ctx: WindowContext) -> Window:
@@ -309,195 +302,6 @@ def test_select_matches_the_general_path_on_random_sessions_near_the_budget(
     assert_same_window(ctx)
 
 
-# --- summarizing_window: extending the previous window -----------------------------------------
-
-
-def _appended(kind: str, index: int, size: int) -> StoredMessage:
-    if kind == "user":
-        return user(f"next {index}", tokens=size)
-    if kind == "assistant":
-        return assistant(f"reply {index}", tokens=size)
-    if kind == "calls":
-        return assistant(None, tool_calls=[f"late{index}"], tokens=size)
-    if kind == "stubbed":
-        message = user(f"stubbed {index}", tokens=size)
-        message.compressed_content = "a stub"
-        return message
-    return tool(f"late{index - 1}", tokens=size)
-
-
-@_settings
-@given(
-    messages=histories(),
-    added=st.lists(
-        st.tuples(st.sampled_from(["user", "assistant", "user", "assistant", "calls", "tool",
-                                   "stubbed"]),
-                  st.sampled_from([1, 30, 400, 6000])),
-        min_size=1, max_size=4,
-    ),
-    stubbed=st.sets(st.integers(0, 60), max_size=3),
-    edge=st.integers(-40, 40),
-    budget=st.sampled_from([0.3, 0.8, 1.0]),
-    calibration=st.sampled_from([0.8, 1.0, 1.07]),
-    recalibrated=st.sampled_from([None, 0.9, 1.2, 2.0]),
-    pressure=st.sampled_from([0.1, 0.5, 0.95]),
-    compress=st.booleans(),
-    settings_change=st.sampled_from([None, "system", "window", "config", "summary", "edit"]),
-)
-def test_an_extended_window_is_the_window_select_chooses(
-    messages, added, stubbed, edge, budget, calibration, recalibrated, pressure, compress,
-    settings_change,
-):
-    """The next turn's context continues the previous one (its messages, then new ones):
-    given the previous decision, select gives exactly what it gives without it, near the
-    budget, under compression pressure, with a new calibration, new settings, stored
-    stubs, and new messages of every kind."""
-    for index in stubbed:
-        if index < len(messages) and messages[index].role == "tool":
-            messages[index].compressed_content = f"stub {index}"
-    cfg = spec_config(
-        maxConversationRatio=budget, compressWhenWindowAboveRatio=pressure,
-        compressToolResults=compress, minToolResultCompressTokens=100,
-    )
-    whole = STRATEGY.live_tokens(context(messages, cfg, system_tokens=50))
-    extra = sum(size for _, size in added)
-    # a budget a few tokens around the grown window's size
-    window_size = max(1, round((whole + extra) * calibration / budget) + edge)
-    previous = context(messages, cfg, context_window=window_size, system_tokens=50,
-                       calibration=calibration)
-    chosen = STRATEGY.select(previous)
-    new = [_appended(kind, i, size) for i, (kind, size) in enumerate(added)]
-    fields: dict[str, Any] = {"context_window": window_size, "system_tokens": 50,
-                              "calibration": recalibrated or calibration}
-    current = [*messages, *history(*messages, *new)[len(messages):]]
-    if settings_change == "system":
-        fields["system_tokens"] = 70
-    elif settings_change == "window":
-        fields["context_window"] = window_size + 500
-    elif settings_change == "config":
-        cfg = cfg.model_copy(update={"maxConversationRatio": budget * 0.9})
-    elif settings_change == "summary":
-        fields["summaries"] = [SummaryRecord(kind="summary", text="earlier", from_seq=1,
-                                             to_seq=messages[0].seq)]
-    elif settings_change == "edit" and messages:
-        current[0] = dataclasses.replace(current[0], content="edited")
-    ctx = context(current, cfg, **fields)
-    extended = STRATEGY.select(dataclasses.replace(ctx, previous=(previous, chosen)))
-    assert extended == STRATEGY.select(ctx)
-    # the largest item, kept for the next extension, is the largest one (or not known)
-    for window in (chosen, extended):
-        if window.largest_item >= 0:
-            assert window.extendable
-            assert window.largest_item == max(item.tokens for item in window.items)
-
-
-def _grown(case: str) -> tuple[WindowContext, WindowContext, Window]:
-    """A previous context whose window keeps everything (tool units, the oldest result
-    large enough to compress), and the next turn's context grown from it in one way:
-    (next, previous, window)."""
-    older = [user("q1", tokens=40), assistant(None, tool_calls=["c1"], tokens=20),
-             tool("c1", "x " * 400, tokens=400), assistant("a1", tokens=40)]
-    for n in range(2, 5):  # the first result is not among the three newest: compressible
-        older += [user(f"q{n}", tokens=10), assistant(None, tool_calls=[f"c{n}"], tokens=10),
-                  tool(f"c{n}", tokens=10), assistant(f"a{n}", tokens=10)]
-    messages = history(*older, user("q5", tokens=40))
-    cfg = spec_config(minToolResultCompressTokens=100,
-                                  compressWhenWindowAboveRatio=0.5 if case == "pressure" else 0.9)
-    fields: dict[str, Any] = {"context_window": 3000, "system_tokens": 50}
-    previous = context(messages, cfg, **fields)
-    chosen = STRATEGY.select(previous)
-    assert chosen.extendable
-    new = [assistant("a2", tokens=40), user("q3", tokens=40)]
-    if case == "above-the-cap":
-        new[1] = user("y " * 2000, tokens=1000)  # the cap is 600
-    elif case == "stubbed":
-        new[1].compressed_content = "a stub"
-    elif case == "unanswered-call":
-        new[0] = assistant("calls", tool_calls=["c2"], tokens=40)
-    elif case == "tool-result":
-        new.append(tool("c9", tokens=10))
-    elif case == "pressure":
-        # above half the window: the old result is compressed
-        new = [assistant("a2", tokens=40), user("q3", tokens=600), user("q4", tokens=600)]
-    elif case == "over-budget":
-        new = [assistant("a2", tokens=590), user("q3", tokens=590), user("q4", tokens=590),
-               user("q5", tokens=590)]
-    elif case == "system":
-        fields["system_tokens"] = 2000
-    elif case == "window":
-        fields["context_window"] = 1900  # the cap (380) falls below the kept tool result
-    elif case == "config":
-        cfg = cfg.model_copy(update={"maxMessageRatio": 0.1})  # the tool result is cut
-    elif case == "summary":
-        fields["summaries"] = [SummaryRecord(kind="summary", text="earlier", from_seq=1, to_seq=1)]
-    elif case == "recalibrated":
-        fields["calibration"] = 1.6  # the cap shrinks below the kept tool result
-    grown = [*messages, *history(*messages, *new)[len(messages):]]
-    if case == "edited":
-        grown[0] = dataclasses.replace(grown[0], content="edited")
-    return context(grown, cfg, **fields), previous, chosen
-
-
-@pytest.mark.parametrize(
-    "case",
-    ["above-the-cap", "stubbed", "unanswered-call", "tool-result", "pressure", "over-budget",
-     "system", "window", "config", "summary", "recalibrated", "edited"],
-)
-def test_a_window_that_is_not_an_extension_is_chosen_anew(case):
-    """Each way the next turn can differ from the previous window plus the new messages:
-    the window is the one select chooses without the previous decision, which is not that
-    extension (a stale window would have been sent)."""
-    ctx, previous, chosen = _grown(case)
-    expected = STRATEGY.select(ctx)
-    assert STRATEGY.select(dataclasses.replace(ctx, previous=(previous, chosen))) == expected
-    appended = ctx.messages[len(previous.messages):]
-    naive = [*chosen.items, *[WindowItem(m, m.tokens) for m in appended]]
-    assert (expected.items, expected.tokens) != (naive, chosen.tokens + size(appended))
-
-
-def test_a_window_kept_whole_by_the_general_trim_is_not_extended():
-    """A window that kept everything without fitting the shortcut's terms (a negative size:
-    the trim walks the units, where a partial tail may exceed the budget) is not
-    extendable: the next turn's trim can cut what the previous one kept."""
-    cfg = spec_config(maxMessageRatio=1.0, compressToolResults=False)
-    messages = history(user("q1", tokens=-500), assistant("a1", tokens=400), user("q2", tokens=40))
-    previous = context(messages, cfg, context_window=600)
-    chosen = STRATEGY.select(previous)
-    assert len(chosen.items) == 3 and not chosen.extendable
-    grown = [*messages, *history(*messages, assistant("a2", tokens=40), user("q3"))[3:]]
-    ctx = context(grown, cfg, context_window=600)
-    expected = STRATEGY.select(ctx)
-    assert len(expected.items) < len(grown)
-    assert STRATEGY.select(dataclasses.replace(ctx, previous=(previous, chosen))) == expected
-
-
-def test_the_previous_window_is_extended_not_chosen_again():
-    """A plain next turn that still fits: the kept items are the previous window's own,
-    and the window can be extended again; one that no longer fits is chosen anew."""
-    messages = turns(3, tokens=10)
-    previous = context(messages, context_window=1000)
-    chosen = STRATEGY.select(previous)
-    assert chosen.extendable and len(chosen.items) == len(messages)
-    grown = [*messages, *history(*messages, assistant("a", tokens=10), user("q", tokens=10))[-2:]]
-    ctx = context(grown, context_window=1000, previous=(previous, chosen))
-    extended = STRATEGY.select(ctx)
-    assert all(a is b for a, b in zip(extended.items, chosen.items, strict=False))
-    assert extended.extendable and extended.tokens == chosen.tokens + 20
-    assert extended == STRATEGY.select(dataclasses.replace(ctx, previous=None))
-    # growth past the budget (800 tokens; each message within the 200-token cap): the
-    # oldest turns fall off as select trims them, nothing shared
-    more = [assistant("a", tokens=190), user("q", tokens=190)] * 2 + [user("q", tokens=190)]
-    ctx = context([*messages, *history(*messages, *more)[len(messages):]], context_window=1000,
-                  previous=(previous, chosen))
-    trimmed = STRATEGY.select(ctx)
-    assert trimmed.trimmed and not trimmed.extendable
-    assert trimmed.items[0] is not chosen.items[0]
-    assert trimmed == STRATEGY.select(dataclasses.replace(ctx, previous=None))
-
-
-# --- the mapper's inline path ----------------------------------------------------------------
-
-
 class _PerItem(MessageToLlmMessageMapper):
     """The default mapper forced through ``map_item`` for every item."""
 
@@ -557,40 +361,16 @@ def test_the_inline_mapper_matches_map_item_on_random_windows(messages):
     )
 
 
-def test_the_inline_mapper_renders_a_record_once_and_sends_that_rendering_every_turn():
-    """A record's rendering is kept between turns (records are shared by the session
-    cache): the next turn sends the same message, equal to a fresh rendering, in a list
-    of its own."""
-    window = Window(items=_mapped_items())
-    mapping = MappingContext(model="gpt-4o-mini", capabilities=frozenset({"image"}))
-    mapper = MessageToLlmMessageMapper()
-    first = mapper.map(window, None, mapping)
-    kept = [item.message.rendered is not None for item in window.items]
-    # plain messages only: not one shrunk by the strategy, a system note, parts, media
-    assert kept == [True] * 6 + [False] * 6 + [True, False]
-    again = mapper.map(window, None, mapping)
-    assert again == first == _PerItem().map(window, None, mapping) and again is not first
-    shared = [a is b for a, b in zip(first, again, strict=True)]
-    assert shared == kept
-
-
-def test_a_record_made_from_another_is_rendered_anew():
+def test_a_record_shrunk_by_the_strategy_is_rendered_from_the_item_text():
     mapper, mapping = MessageToLlmMessageMapper(), MappingContext()
     record = user("before")
-    mapper.map(Window(items=[WindowItem(record, 1)]), None, mapping)
-    edited = dataclasses.replace(record, content="after")
-    assert edited.rendered is None and edited.content == "after"
-    assert mapper.map(Window(items=[WindowItem(edited, 1)]), None, mapping) == [
-        {"role": "user", "content": "after"}
+    assert mapper.map(Window(items=[WindowItem(record, 1)]), None, mapping) == [
+        {"role": "user", "content": "before"}
     ]
-    # shrunk by the strategy, the same record is rendered from the item's text
     shrunk = WindowItem(record, 1, text="bef…", marker="truncated")
     assert mapper.map(Window(items=[shrunk]), None, mapping) == [
         {"role": "user", "content": "bef…"}
     ]
-    # the rendering is nothing the record stores or compares
-    assert record.rendered is not None and "rendered" not in record.to_dict()
-    assert record == dataclasses.replace(record)  # its copy has none
 
 
 # --- sanitize_summary and make_valid ---------------------------------------------------------
