@@ -75,7 +75,7 @@ def render_window(
     marked_at = {fp: i for i, fp in enumerate(fingerprints) if fp in by_fingerprint}
     own = set()
     if breakpoints and not client_marks:
-        own = set(anthropic_breakpoints([dict(m) for m in messages], changed_at))
+        own = set(anthropic_breakpoints(messages, changed_at))
     if system and (system_end - 1) in own:
         _mark_last(system, dict(EPHEMERAL))
     out: list[dict[str, Any]] = []
