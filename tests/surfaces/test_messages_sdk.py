@@ -273,3 +273,19 @@ def test_claude_codes_side_calls_under_its_session_id_are_conversations_of_their
     assert len(sessions) == 2 and all(s.startswith("cc-1.") for s in sessions)
     logs = [[m.content for m in proxy.stored("default", s)] for s in sorted(sessions)]
     assert sorted(len(log) for log in logs) == [2, 4]
+
+
+def test_memory_off_through_chat_completions_is_translated_both_ways(proxy, fake):
+    api = client(proxy, session="plain", **{"X-Memory": "off"})
+    with api.messages.stream(model="gpt-4o", max_tokens=10,
+                             messages=[{"role": "user", "content": "hello you"}]) as stream:
+        assert "".join(stream.text_stream) == "ok: hello you"
+    assert fake.chat_requests[-1].body["messages"] == [{"role": "user", "content": "hello you"}]
+    assert proxy.stored("coder", "plain") == []
+
+
+def test_count_tokens_through_chat_completions_is_the_proxys_estimate(proxy, fake):
+    counted = client(proxy, session="estimate").messages.count_tokens(
+        model="gpt-4o", messages=[{"role": "user", "content": "how many tokens are these?"}])
+    assert 5 < counted.input_tokens < 50
+    assert not fake.requests
