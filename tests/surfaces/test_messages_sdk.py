@@ -289,3 +289,20 @@ def test_count_tokens_through_chat_completions_is_the_proxys_estimate(proxy, fak
         model="gpt-4o", messages=[{"role": "user", "content": "how many tokens are these?"}])
     assert 5 < counted.input_tokens < 50
     assert not fake.requests
+
+
+@pytest.mark.parametrize(
+    ("api", "model", "path"),
+    [
+        pytest.param("chat", MODEL, "/v1/chat/completions", id="claude-model-sent-to-chat"),
+        pytest.param("messages", "my-gateway-model", "/v1/messages",
+                     id="other-model-sent-to-messages"),
+    ],
+)
+def test_an_agents_llm_api_picks_the_upstream(messages_proxy, fake, agents_dir, api, model,
+                                              path):
+    write_agent(agents_dir, "routed", llm={"api": api})
+    proxy = messages_proxy()
+    client(proxy, agent="routed").messages.create(
+        model=model, max_tokens=10, messages=[{"role": "user", "content": "route me"}])
+    assert [r.path for r in fake.requests if r.method == "POST"] == [path]
