@@ -1,13 +1,22 @@
 """The store's share of a turn: ``Store.load`` then ``Store.append_turn``, in process.
 
-Every proxied turn makes exactly these two store calls (proxy/turn/turns.py ``load_session``
-and ``persist_turn``). With the session cache warm, the load passes the version the
-previous append returned and the store answers ``unchanged`` without reading messages.
-This times that loop on each backend: a pool of sessions of 20 stored messages, each turn
-``load(known_version=..., probe=[])`` then ``append_turn`` of a user message and a reply
-(with the model and calibration every turn writes). Numbers are CPU microseconds per turn:
-``time.process_time`` of this process and, for Redis, the redis-server's CPU (from
-``/proc/PID/task/*/schedstat``), best of several repeats.
+Every proxied turn makes these two store calls (``load_session`` and ``persist_turn``),
+plus a range read when a paged window needs older messages. Two scenarios:
+
+*warm*: a pool of sessions of ``--stored`` messages (100), each turn loads the session
+the way the proxy does for a session it served before, then appends a user message and a
+reply (with the model and calibration every turn writes). This checkout's proxy loads
+through the session cache (``storage/cached.py``: the store answers with the head while
+the version is unchanged); a baseline without it (an earlier commit) goes through its
+own ``proxy/session_cache.py`` as its proxy did (``load(known_version=..., known_head=...)``,
+``fill``, ``after_append``).
+
+*cold*: one session of ``--cold-stored`` messages (10,000), each turn loads its page of
+500 (``LoadSpec(limit=500)``, no cache: another process served it last) and appends.
+
+Numbers are CPU microseconds per turn: ``time.process_time`` of this process and, for
+Redis, the redis-server's CPU (from ``/proc/PID/task/*/schedstat``), best of several
+repeats; and the store calls (round trips) per turn.
 
     python bench/store_micro.py                     # this checkout, both backends
     python bench/store_micro.py --baseline DIR      # side by side with DIR/storage
@@ -60,21 +69,59 @@ def _server_cpu_ns(pid: int | None) -> int:
     return 0 if pid is None else schedstat(pid)[0]
 
 
+class Counting:
+    """A store whose calls are counted (each is one round trip)."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.calls = 0
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.store, name)
+        if name in ("open", "close"):
+            return method
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls += 1
+            return await method(*args, **kwargs)
+
+        return counted
+
+
+def _loader(store: Any) -> Any:
+    """How this checkout's proxy loads a session it served before, as ``load(key, spec)``:
+    through the session cache, or (a baseline without storage/cached.py) with the version
+    its own cache held."""
+    try:
+        from storage.cached import CachedStore
+    except ImportError:
+        return None
+    return CachedStore(store, 256 << 20)
+
+
 async def _measure(
-    url: str, server_pid: int | None, turns: int, sessions: int, prompt_chars: int = 0
+    url: str, server_pid: int | None, turns: int, sessions: int, prompt_chars: int = 0,
+    stored_count: int = 100,
 ) -> dict[str, Any]:
     from populate import history
 
     from storage.registry import open_store
     from strategies.records import LoadSpec, SessionKey, StoredMessage, TurnWrite
 
-    store = open_store(url)
-    await store.open()
+    counting = Counting(open_store(url))
+    await counting.open()
+    store: Any = counting
+    cached = _loader(store)
+    old_cache: Any = None
+    if cached is None:
+        from proxy.session_cache import SessionCache  # the baseline's
+
+        old_cache = SessionCache(256 << 20)
     spec = LoadSpec(limit=500, since="all")
     run = os.urandom(4).hex()
     keys = [SessionKey("ns-bench", "bench", f"s-{run}-{i}") for i in range(sessions)]
     versions: dict[SessionKey, int] = {}
-    stored = history(20)
+    stored = history(stored_count)
     # the proxy writes the system prompt with the first turn and again only when it changes
     prompt = [{"role": "system", "content": ("You are a careful analyst. " * 400)[:prompt_chars]}]
     for key in keys:
@@ -84,7 +131,7 @@ async def _measure(
                 write.system_prompt, write.system_tokens = prompt, prompt_chars // 4
             result = await store.append_turn(key, write)
         versions[key] = result.meta.version
-    fresh = history(2 * (turns + 200), start=20)
+    fresh = history(2 * (turns + 200), start=stored_count)
 
     def new(message: StoredMessage, **meta: str) -> StoredMessage:
         return StoredMessage(role=message.role, content=message.content, tokens=message.tokens,
@@ -92,21 +139,37 @@ async def _measure(
 
     async def turn(index: int) -> None:
         key = keys[index % sessions]
-        snapshot = await store.load(key, spec, probe=[], known_version=versions[key])
-        if not snapshot.unchanged:
-            raise AssertionError("the load read messages: the known version did not match")
         messages = [new(fresh[2 * index]), new(fresh[2 * index + 1], model=MODEL)]
         write = TurnWrite(messages=messages, model=MODEL, calibration=1.05)
+        if cached is not None:
+            snapshot = await cached.load(key, spec, probe=[])
+            if len(snapshot.messages) < stored_count:
+                raise AssertionError("the load did not return the session's page")
+            await cached.append_turn(key, write)
+            return
+        # the baseline's proxy: its session cache's known version and head, its fill and
+        # its after_append (proxy/turns.py load_session, proxy/persist.py)
+        known = old_cache.known(key, spec)
+        snapshot = await store.load(
+            key, spec, probe=[], known_version=known.version if known else None,
+            known_head=known.head_seq if known else None,
+        )
+        if not old_cache.fill(key, spec, snapshot, known) or len(snapshot.messages) < stored_count:
+            raise AssertionError("the load did not return the session's page")
         result = await store.append_turn(key, write)
-        versions[key] = result.meta.version
+        for record, seq in zip(write.messages, result.seqs, strict=True):
+            record.seq = seq
+        old_cache.after_append(key, spec, snapshot, write.messages, write.compressed,
+                               result.meta.version, result.meta.head_chain)
 
-    for index in range(200):  # warm: script cache, statement cache, pages
+    for index in range(200):  # warm: script cache, statement cache, pages, the cache
         await turn(index)
     gc.collect()
     server_before, cpu_before, wall_before = (
         _server_cpu_ns(server_pid), time.process_time(), time.perf_counter()
     )
     sys_before = resource.getrusage(resource.RUSAGE_SELF).ru_stime
+    calls_before = counting.calls
     durations = []
     for index in range(200, 200 + turns):
         began = time.perf_counter()
@@ -116,12 +179,72 @@ async def _measure(
     system = resource.getrusage(resource.RUSAGE_SELF).ru_stime - sys_before
     wall = time.perf_counter() - wall_before
     server = (_server_cpu_ns(server_pid) - server_before) / 1e9
-    await store.close()
+    calls = counting.calls - calls_before
+    await counting.close()
     return {
         "client_us": cpu / turns * 1e6,
         "client_sys_us": system / turns * 1e6,
         "server_us": server / turns * 1e6 if server_pid else None,
         "wall_us": wall / turns * 1e6,
+        "calls": calls / turns,
+        **_tail(durations),
+    }
+
+
+async def _measure_cold(
+    url: str, server_pid: int | None, turns: int, stored_count: int
+) -> dict[str, Any]:
+    """Turns on one session of ``stored_count`` messages, each loaded cold (no cache)."""
+    from populate import history
+
+    from storage.registry import open_store
+    from strategies.records import LoadSpec, SessionKey, StoredMessage, TurnWrite
+
+    counting = Counting(open_store(url))
+    await counting.open()
+    store: Any = counting
+    key = SessionKey("ns-bench", "bench", f"cold-{os.urandom(4).hex()}")
+    stored = history(stored_count)
+    for start in range(0, stored_count, 500):
+        await store.append_turn(key, TurnWrite(messages=stored[start : start + 500]))
+    fresh = history(2 * (turns + 20), start=stored_count)
+    spec = LoadSpec(limit=500, since="all")
+
+    async def turn(index: int) -> float:
+        began = time.perf_counter()
+        snapshot = await store.load(key, spec, probe=[])
+        loaded = time.perf_counter() - began
+        if len(snapshot.messages) != 500:
+            raise AssertionError("the page was not read")
+        messages = [
+            StoredMessage(role=m.role, content=m.content, tokens=m.tokens,
+                          fingerprint=m.fingerprint, created_at=time.time())
+            for m in fresh[2 * index : 2 * index + 2]
+        ]  # fmt: skip
+        await store.append_turn(key, TurnWrite(messages=messages, model=MODEL))
+        return loaded
+
+    for index in range(20):
+        await turn(index)
+    gc.collect()
+    server_before, cpu_before = _server_cpu_ns(server_pid), time.process_time()
+    calls_before = counting.calls
+    durations, loads = [], []
+    for index in range(20, 20 + turns):
+        began = time.perf_counter()
+        loads.append(await turn(index))
+        durations.append(time.perf_counter() - began)
+    cpu = time.process_time() - cpu_before
+    server = (_server_cpu_ns(server_pid) - server_before) / 1e9
+    calls = counting.calls - calls_before
+    await counting.close()
+    return {
+        "client_us": cpu / turns * 1e6,
+        "client_sys_us": 0.0,
+        "server_us": server / turns * 1e6 if server_pid else None,
+        "wall_us": statistics.median(durations) * 1e6,
+        "load_wall_us": statistics.median(loads) * 1e6,
+        "calls": calls / turns,
         **_tail(durations),
     }
 
@@ -152,9 +275,15 @@ def child(args: argparse.Namespace) -> None:
         uvloop.install()
     with tempfile.TemporaryDirectory(prefix="store-micro-") as tmp:
         url = args.url or f"sqlite:///{tmp}/store.db"
-        out = asyncio.run(
-            _measure(url, args.server_pid, args.turns, args.sessions, args.system_prompt_chars)
-        )
+        if args.scenario == "cold":
+            out = asyncio.run(
+                _measure_cold(url, args.server_pid, args.cold_turns, args.cold_stored)
+            )
+        else:
+            out = asyncio.run(_measure(
+                url, args.server_pid, args.turns, args.sessions, args.system_prompt_chars,
+                args.stored,
+            ))  # fmt: skip
     out["storage"] = str(Path(storage.__file__).resolve().parent)
     print(json.dumps(out))
 
@@ -164,10 +293,14 @@ def _run_child(
     url: str | None,
     server_pid: int | None,
     args: argparse.Namespace,
+    scenario: str,
 ) -> dict[str, Any]:
     command = [sys.executable, __file__, "--child", "--turns", str(args.turns),
                "--sessions", str(args.sessions), "--loop", args.loop,
-               "--system-prompt-chars", str(args.system_prompt_chars)]  # fmt: skip
+               "--system-prompt-chars", str(args.system_prompt_chars),
+               "--scenario", scenario, "--stored", str(args.stored),
+               "--cold-stored", str(args.cold_stored),
+               "--cold-turns", str(args.cold_turns)]  # fmt: skip
     if args.cpu is not None:
         command += ["--cpu", str(args.cpu)]
     if impl:
@@ -190,6 +323,12 @@ def main() -> None:
         help="give every session a stored system prompt of this many characters",
     )
     parser.add_argument("--backend", choices=["sqlite", "redis", "both"], default="both")
+    parser.add_argument("--scenario", choices=["warm", "cold", "both"], default="both")
+    parser.add_argument("--stored", type=int, default=100,
+                        help="messages of each session of the warm scenario")
+    parser.add_argument("--cold-stored", type=int, default=10_000,
+                        help="messages of the session of the cold scenario")
+    parser.add_argument("--cold-turns", type=int, default=200)
     parser.add_argument(
         "--loop", choices=["asyncio", "uvloop"], default="uvloop",
         help="event loop (memory-proxy serve runs on uvloop when it is installed)",
@@ -212,57 +351,74 @@ def main() -> None:
     impls: list[tuple[str, str | None]] = [("current", None)]
     if args.baseline:
         impls.insert(0, ("baseline", args.baseline))
+    scenarios = ["warm", "cold"] if args.scenario == "both" else [args.scenario]
     server = RedisServer().start() if "redis" in backends else None
+    best: dict[tuple[str, str, str], dict[str, Any]] = {}
+    totals: dict[tuple[str, str, str], list[float]] = {}
+    runs: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     try:
-        best: dict[tuple[str, str], dict[str, Any]] = {}
-        totals: dict[tuple[str, str], list[float]] = {}
-        runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
         for _ in range(args.repeats):
-            for backend in backends:
-                for name, impl in impls:
-                    url = pid = None
-                    if backend == "redis" and server is not None and server.process is not None:
-                        url, pid = server.url, server.process.pid
-                        flush_redis(url)
-                    out = _run_child(impl, url, pid, args)
-                    total = out["client_us"] + (out["server_us"] or 0.0)
-                    slot = (backend, name)
-                    totals.setdefault(slot, []).append(total)
-                    runs.setdefault(slot, []).append(out)
-                    if slot not in best or total < best[slot]["total_us"]:
-                        best[slot] = out | {"total_us": total}
+            for scenario in scenarios:
+                for backend in backends:
+                    for name, impl in impls:
+                        url = pid = None
+                        if backend == "redis" and server is not None and server.process:
+                            url, pid = server.url, server.process.pid
+                            flush_redis(url)
+                        out = _run_child(impl, url, pid, args, scenario)
+                        total = out["client_us"] + (out["server_us"] or 0.0)
+                        slot = (scenario, backend, name)
+                        totals.setdefault(slot, []).append(total)
+                        runs.setdefault(slot, []).append(out)
+                        if slot not in best or total < best[slot]["total_us"]:
+                            best[slot] = out | {"total_us": total}
     finally:
         if server is not None:
             server.close()
 
-    print(f"CPU us per turn (load unchanged + append of 2 messages), {args.turns} turns, "
-          f"{args.sessions} sessions of 20+ messages, {args.loop}, best of {args.repeats}, "
-          f"system prompt {args.system_prompt_chars} chars")
-    print("best run: client CPU (of which system), redis-server CPU, their total, wall time;"
-          " and the median total over the repeats")
-    print(f"{'backend':8} {'impl':9} {'client':>8} {'(sys)':>7} {'server':>8} {'total':>8} "
-          f"{'wall':>8} {'median':>8}")
-    for (backend, name), out in best.items():
-        server_us = out["server_us"]
-        print(f"{backend:8} {name:9} {out['client_us']:8.1f} {out['client_sys_us']:7.1f} "
-              f"{'-' if server_us is None else f'{server_us:.1f}':>8} "
-              f"{out['total_us']:8.1f} {out['wall_us']:8.1f} "
-              f"{statistics.median(totals[(backend, name)]):8.1f}")  # fmt: skip
-    print(f"\nwall time per turn{f' on CPU {args.cpu}' if args.cpu is not None else ''}, "
-          "medians over the repeats (us), and the turns over 2 ms in all of them")
-    print(f"{'backend':8} {'impl':9} {'p50':>8} {'p99':>8} {'p99.9':>8} {'max':>9} {'>2ms':>6}")
-    for (backend, name), outs in runs.items():
-        def median(field: str, outs: list[dict[str, Any]] = outs) -> float:
-            return statistics.median(out[field] for out in outs)
+    for scenario in scenarios:
+        if scenario == "warm":
+            print(f"\nWARM: CPU us per turn (cached load + append of 2 messages), {args.turns}"
+                  f" turns, {args.sessions} sessions of {args.stored}+ messages, {args.loop},"
+                  f" best of {args.repeats}, system prompt {args.system_prompt_chars} chars")
+        else:
+            print(f"\nCOLD: CPU us per turn (uncached load of a 500-message page + append), "
+                  f"{args.cold_turns} turns on a session of {args.cold_stored:,}+ messages, "
+                  f"{args.loop}, best of {args.repeats}")
+        print("best run: client CPU, redis-server CPU, their total, wall time (cold: median"
+              " turn, and its load), store calls per turn; the median total over the repeats")
+        print(f"{'backend':8} {'impl':9} {'client':>8} {'server':>8} {'total':>8} "
+              f"{'wall':>8} {'load':>8} {'calls':>6} {'median':>8}")
+        for (kind, backend, name), out in best.items():
+            if kind != scenario:
+                continue
+            server_us = out["server_us"]
+            load = out.get("load_wall_us")
+            print(f"{backend:8} {name:9} {out['client_us']:8.1f} "
+                  f"{'-' if server_us is None else f'{server_us:.1f}':>8} "
+                  f"{out['total_us']:8.1f} {out['wall_us']:8.1f} "
+                  f"{'-' if load is None else f'{load:.1f}':>8} {out['calls']:6.2f} "
+                  f"{statistics.median(totals[(kind, backend, name)]):8.1f}")  # fmt: skip
+        print(f"wall time per turn{f' on CPU {args.cpu}' if args.cpu is not None else ''}, "
+              "medians over the repeats (us), and the turns over 2 ms in all of them")
+        print(f"{'backend':8} {'impl':9} {'p50':>8} {'p99':>8} {'p99.9':>8} {'max':>9} "
+              f"{'>2ms':>6}")
+        for (kind, backend, name), outs in runs.items():
+            if kind != scenario:
+                continue
 
-        print(f"{backend:8} {name:9} {median('p50_us'):8.1f} {median('p99_us'):8.1f} "
-              f"{median('p999_us'):8.1f} {median('max_us'):9.1f} "
-              f"{sum(out['over_2ms'] for out in outs):6d}")  # fmt: skip
-    if args.baseline:
-        for backend in backends:
-            old, new = best[(backend, "baseline")], best[(backend, "current")]
-            print(f"{backend}: client {new['client_us'] / old['client_us']:.2f}x, "
-                  f"total {new['total_us'] / old['total_us']:.2f}x of the baseline")
+            def median(field: str, outs: list[dict[str, Any]] = outs) -> float:
+                return statistics.median(out[field] for out in outs)
+
+            print(f"{backend:8} {name:9} {median('p50_us'):8.1f} {median('p99_us'):8.1f} "
+                  f"{median('p999_us'):8.1f} {median('max_us'):9.1f} "
+                  f"{sum(out['over_2ms'] for out in outs):6d}")  # fmt: skip
+        if args.baseline:
+            for backend in backends:
+                old = best[(scenario, backend, "baseline")]
+                new = best[(scenario, backend, "current")]
+                print(f"{scenario} {backend}: client {new['client_us'] / old['client_us']:.2f}x,"
+                      f" total {new['total_us'] / old['total_us']:.2f}x of the baseline")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 
-from proxy.turn.session_cache import SessionCache
+from storage.cached import CachedStore
 
 Key = tuple[str, tuple[tuple[str, str], ...]]  # a counter's name and labels
 COUNTERS: Counter[Key] = Counter()
@@ -83,16 +83,16 @@ def render() -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_session_cache(sessions: SessionCache) -> str:
+def render_session_cache(sessions: object) -> str:
+    """The session cache's counters, when the store is behind one (storage/cached.py)."""
+    if not isinstance(sessions, CachedStore):
+        return ""
     return "".join(
         f"# HELP {name} {text}\n# TYPE {name} {kind}\n{name} {value}\n"
         for name, kind, text, value in (
             ("memory_proxy_session_cache_hits_total", "counter",
              "Turns whose session was unchanged since this process last held it.",
              sessions.hits),
-            ("memory_proxy_session_cache_catch_ups_total", "counter",
-             "Turns that read only the messages appended since this process last held the"
-             " session (turns another worker or replica served).", sessions.catch_ups),
             ("memory_proxy_session_cache_misses_total", "counter",
              "Turns that read their session from the store.", sessions.misses),
             ("memory_proxy_session_cache_sessions", "gauge",
@@ -104,5 +104,5 @@ def render_session_cache(sessions: SessionCache) -> str:
 
 
 async def metrics_endpoint(request: Request) -> PlainTextResponse:
-    text = render() + render_session_cache(request.app.state.services.sessions)
+    text = render() + render_session_cache(request.app.state.services.store)
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4")

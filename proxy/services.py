@@ -12,7 +12,6 @@ from typing import Any
 from proxy.admin.auth import FailedAttempts
 from proxy.agents import AgentRegistry
 from proxy.settings import Settings
-from proxy.turn.session_cache import SessionCache
 from proxy.upstreams.base import Upstream
 from storage.base import Store
 from storage.parts import PartContentReader
@@ -41,8 +40,6 @@ class Services:
     # sessions whose last turn went to the Messages upstream (their summaries go there too)
     messages_sessions: OrderedDict[SessionKey, bool] = field(default_factory=OrderedDict)
     summarizer_budget: Any = None
-    # sessions kept decoded between turns
-    sessions: SessionCache = field(default_factory=lambda: SessionCache(0))
     started: bool = False
     # failed admin authentications per client address (proxy/admin/auth.py)
     admin_failures: FailedAttempts = field(default_factory=lambda: FailedAttempts(10))

@@ -61,7 +61,7 @@ class Settings(BaseSettings):
     compaction_wait_seconds: float = 15.0
     # summarizer calls allowed per session per hour (bounds cost and loops)
     summarizer_calls_per_hour: int = 30
-    # memory for sessions kept decoded across turns, estimated (proxy/turn/session_cache.py);
+    # memory for sessions kept decoded across turns, estimated (storage/cached.py);
     # 0 turns the cache off
     session_cache_mb: float = Field(default=16, ge=0)
     # failed admin authentications (wrong Bearer token or login) allowed per client address

@@ -1,8 +1,9 @@
 """The Store port: where sessions, their message logs and summaries live.
 
-Every backend passes ``tests/storage/test_store_contract.py``. Each method is one
-store round trip (one SQLite transaction on the store's thread, one Redis script or
-pipeline), whatever the length of the history.
+Every backend passes ``tests/storage/test_store_contract.py``, alone and behind the
+session cache (``storage/cached.py``). Each method is one store round trip (one SQLite
+transaction on the store's thread, one Redis script or pipeline), whatever the length of
+the history.
 """
 
 from __future__ import annotations
@@ -46,8 +47,7 @@ class Store(Protocol):
         spec: LoadSpec,
         *,
         probe: Sequence[str] = (),
-        known_version: int | None = None,
-        known_head: int | None = None,
+        held_version: int | None = None,
     ) -> SessionSnapshot:
         """Read one turn's worth of a session in one round trip.
 
@@ -58,29 +58,19 @@ class Store(Protocol):
         of ``probe`` whose last chain is an active message's chain, ``matched_seq`` that
         message's seq. A missing session yields an empty snapshot with ``exists=False``.
 
-        When the session's ``meta.version`` equals ``known_version``, messages and
-        summaries are not read: the snapshot has ``unchanged=True`` and empty lists (meta,
-        config and probe are read as always). Every write to a session's messages or
-        summaries changes its version.
-
-        ``known_head`` is the caller's ``meta.head_seq`` at ``known_version``. When every
-        write since then only appended (``meta.only_grew_since(known_version)``: another
-        worker or replica served the turns between), only the active messages after it are
-        read, up to ``spec.limit`` (the newest), and summaries are not: the snapshot has
-        ``grown=True``. The caller appends them to the page it holds. Not for
-        ``since="turn"``, whose page starts anew with every user message.
+        ``held_version``, a precondition for a cache in front of the store
+        (storage/cached.py): when the session's ``meta.version`` equals it, messages and
+        summaries are not read and the snapshot has ``held=True`` and empty lists (meta,
+        config and probe match are read as always, in the same round trip). Every write
+        to a session's messages or summaries changes its version.
         """
 
-    async def append_turn(
-        self, key: SessionKey, write: TurnWrite, *, with_others: bool = False
-    ) -> AppendResult:
+    async def append_turn(self, key: SessionKey, write: TurnWrite) -> AppendResult:
         """Apply one turn atomically: supersede (if asked), append ``write.messages`` at
         the head assigning ``seq`` and ``chain``, update meta and the agent/session
-        indexes. Concurrent appends to one session never interleave their messages.
-
-        ``with_others``: other turns are under way in this process. The store may then
-        hold the write until the end of the event loop's pass, to commit it together with
-        the others that end in it (the embedded store does)."""
+        indexes. Concurrent appends to one session never interleave their messages. The
+        result's ``meta.version`` is one past the version before the write (unless the
+        write's id was applied before: then nothing is written)."""
 
     async def set_compressed(self, key: SessionKey, stubs: dict[int, str | None]) -> None:
         """Set (or clear, with None) ``compressed_content`` of messages by seq. Lossless:

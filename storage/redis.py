@@ -113,21 +113,18 @@ class RedisStore:
         spec: LoadSpec,
         *,
         probe: Sequence[str] = (),
-        known_version: int | None = None,
-        known_head: int | None = None,
+        held_version: int | None = None,
     ) -> SessionSnapshot:
-        known = "" if known_version is None else known_version
-        head = "" if known_version is None or known_head is None else known_head
         found, config = await self._calls.run(
             "load",
             _keys(key, "meta", "msgs", "active", "stubs", "summaries"),
-            [spec.limit, spec.since, known, head, *probe],
+            [spec.limit, spec.since, "" if held_version is None else held_version, *probe],
             (("GET", _agent_config_key(key.agent)),),
         )
         agent_config = orjson.loads(config) if config else None
         if len(found) == 1:
             return SessionSnapshot(SessionMeta(), [], [], agent_config=agent_config)
-        meta, messages, stubs, summaries, matched, matched_seq, unchanged, grown = found
+        meta, messages, stubs, summaries, matched, matched_seq, held = found
         return SessionSnapshot(
             meta=decode_meta(meta),
             messages=decode_array(messages, stubs),
@@ -136,13 +133,10 @@ class RedisStore:
             matched_seq=matched_seq,
             agent_config=agent_config,
             exists=True,
-            unchanged=bool(unchanged),
-            grown=bool(grown),
+            held=bool(held),
         )
 
-    async def append_turn(
-        self, key: SessionKey, write: TurnWrite, *, with_others: bool = False
-    ) -> AppendResult:
+    async def append_turn(self, key: SessionKey, write: TurnWrite) -> AppendResult:
         """The session's script, then the index entries (``storage/redis_indexes.py``).
 
         When the script's reply is lost (a timeout, a connection dropped after the write

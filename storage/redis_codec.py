@@ -85,12 +85,12 @@ def decode_meta(values: Sequence[bytes | None]) -> SessionMeta:
     """The meta from the scripts' ``HMGET meta unpack(META)``: values in field order,
     None for a field never written."""
     head, active, chain, user, boundary, prompt, system_tokens, calibration, model, created, \
-        updated, version, rewrite_version = values  # fmt: skip
+        updated, version = values  # fmt: skip
     return SessionMeta(
         int(head or 0), int(active or 0), chain.decode() if chain else "", int(user or 0),
         int(boundary or 0), orjson.loads(prompt) if prompt else None, int(system_tokens or 0),
         float(calibration or 1.0), model.decode() if model else "", float(created or 0.0),
-        float(updated or 0.0), int(version or 0), int(rewrite_version or 0),
+        float(updated or 0.0), int(version or 0),
     )  # fmt: skip
 
 
@@ -98,7 +98,6 @@ def decode_meta(values: Sequence[bytes | None]) -> SessionMeta:
 if tuple(f.name for f in fields(SessionMeta)) != (
     "head_seq", "active_count", "head_chain", "last_user_seq", "boundary_seq", "system_prompt",
     "system_tokens", "calibration", "model", "created_at", "updated_at", "version",
-    "rewrite_version",
 ):  # fmt: skip
     raise ImportError(
         "SessionMeta fields changed: update META in storage/lua/prelude.lua and "

@@ -144,14 +144,8 @@ class SessionMeta:
     ``version`` changes with every write to the session's messages or summaries (append,
     compression stubs, summaries); it starts from the creation time in microseconds x 1000,
     so a session deleted and created again does not reuse the versions of the old one. A
-    process that holds a session decoded may skip reading it again while it is unchanged
-    (``Store.load(known_version=...)``).
-
-    ``rewrite_version`` is the version of the last write that did more than append: a
-    rewind, compression stubs, a summary or compaction, the session's creation. While it is
-    at or below a version a process holds, the session has only grown since, and that
-    process reads only the messages appended after the head it holds
-    (``Store.load(known_head=...)``). 0: not known (a session stored before it was kept).
+    cache in front of a store serves a session's messages again while it is unchanged
+    (``Store.load(held_version=...)``, storage/cached.py).
     """
 
     head_seq: int = 0
@@ -166,18 +160,9 @@ class SessionMeta:
     created_at: float = 0.0
     updated_at: float = 0.0
     version: int = 0
-    rewrite_version: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-    def rewrote(self) -> None:
-        """Record that the write under way (which moved ``version``) did more than append."""
-        self.rewrite_version = self.version
-
-    def only_grew_since(self, version: int) -> bool:
-        """Every write after ``version`` appended messages and did nothing else."""
-        return 0 < self.rewrite_version <= version
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SessionMeta:
@@ -214,13 +199,9 @@ class SessionSnapshot:
     matched_seq: int = 0
     agent_config: dict[str, Any] | None = None
     exists: bool = False
-    # the session's version equals the ``known_version`` the caller passed: messages and
+    # the session's version equals the ``held_version`` the caller passed: messages and
     # summaries were not read (they are empty here; the caller holds them)
-    unchanged: bool = False
-    # the session only grew since the caller's ``known_version``: ``messages`` are the
-    # active messages after its ``known_head`` and summaries were not read (the caller
-    # holds the rest)
-    grown: bool = False
+    held: bool = False
 
 
 @dataclass(slots=True)

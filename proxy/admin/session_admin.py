@@ -47,7 +47,6 @@ async def delete_session(request: Request) -> Response:
         services, params["agent"], params["session"], request.query_params.get("namespace")
     )
     existed = await services.store.delete_session(key)
-    services.sessions.drop_session(key)
     services.credentials.pop(key, None)
     if not existed:
         raise NotFound(

@@ -34,9 +34,9 @@ from proxy.surfaces.base import Surface
 from proxy.surfaces.chat import chat_surface, forwarded_headers
 from proxy.surfaces.messages import count_tokens, messages_surface
 from proxy.turn.pipeline import serve
-from proxy.turn.session_cache import SessionCache
 from proxy.upstreams.base import Upstream, header_secrets
 from storage.base import Store
+from storage.cached import CachedStore
 from storage.parts import load_part_reader
 from storage.redact import mask_body
 from storage.registry import open_store
@@ -216,7 +216,10 @@ def create_app(
     upstream: Upstream | None = None,
 ) -> Starlette:
     settings = settings or Settings()
-    store = store or open_store(settings.store_url)
+    # sessions kept decoded between turns, served while the store's version is unchanged
+    store = CachedStore(
+        store or open_store(settings.store_url), int(settings.session_cache_mb * 1024 * 1024)
+    )
     services = Services(
         settings=settings,
         store=store,
@@ -225,7 +228,6 @@ def create_app(
         mapper=load_mapper(settings.mapper),
         part_reader=load_part_reader(settings.part_reader, store),
         summarizer_budget=CallBudget(settings.summarizer_calls_per_hour),
-        sessions=SessionCache(int(settings.session_cache_mb * 1024 * 1024)),
         admin_failures=FailedAttempts(settings.admin_auth_failures_per_minute),
     )
 

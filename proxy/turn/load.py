@@ -37,8 +37,6 @@ async def load(services: Services, turn: Turn, history: Incoming) -> None:
     """Wait for a compaction of the session under way here, then load it (a full-history
     client's conversation is matched against the stored log)."""
     await wait_for_compaction(services, turn.key)
-    spec = get_strategy(turn.agent.config.kind).load_spec(turn.agent.config)
-    turn.held = services.sessions.known(turn.key, spec) is not None
     turn.agent, turn.strategy, turn.spec, turn.snapshot = await load_snapshot(
         services, turn.key, turn.agent, history.resent, turn.model
     )
@@ -84,36 +82,12 @@ async def load_snapshot(
 async def load_session(
     services: Services, key: SessionKey, spec: LoadSpec, resent: history_sync.Fingerprints | None
 ) -> SessionSnapshot:
-    """``Store.load`` through the process's session cache: when the session is unchanged
-    since this process last held it, only its head is read; when it only grew (turns
-    served by another worker or replica), only the messages appended since.
-
-    A resent history (a full-history client's, ``resent``) is matched against the stored
-    log: by the store, with the chains of every message (``probe``), or here, against a
-    cached page that holds every active message, mostly without fingerprinting what the
-    client resends unchanged."""
-    cache = services.sessions
-    store = services.store
-    known = cache.known(key, spec)
-    if resent is not None and known is not None and cache.holds_all(key, spec):
-        snapshot = await store.load(
-            key, spec, known_version=known.version, known_head=known.head_seq
-        )
-        if cache.fill(key, spec, snapshot, known) and (
-            len(snapshot.messages) == snapshot.meta.active_count
-        ):
-            snapshot.matched, snapshot.matched_seq = history_sync.match_page(
-                resent, snapshot.messages
-            )
-            return snapshot
-        known = None  # grown past the page meanwhile (rare): the store matches
+    """``Store.load``: the page, and where a resent history (a full-history client's,
+    ``resent``) meets the stored log (``probe``: the chains of every message). The store
+    is the process's ``CachedStore`` (storage/cached.py): an unchanged session's page comes
+    from memory."""
     probe = resent.probe() if resent is not None else []
-    version, head = (known.version, known.head_seq) if known else (None, None)
-    snapshot = await store.load(key, spec, probe=probe, known_version=version, known_head=head)
-    if not cache.fill(key, spec, snapshot, known):
-        snapshot = await store.load(key, spec, probe=probe)
-        cache.fill(key, spec, snapshot)
-    return snapshot
+    return await services.store.load(key, spec, probe=probe)
 
 
 def stored_context(

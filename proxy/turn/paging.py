@@ -60,8 +60,8 @@ async def fill_page(
     context_window: int,
     count_tokens: CountTokens,
 ) -> None:
-    """Grow (or cut) ``snapshot.messages`` to the window's budget, in place, and hand the
-    new page to the session cache. Nothing for a spec that is not paged."""
+    """Grow (or cut) ``snapshot.messages`` to the window's budget, in place. Nothing for
+    a spec that is not paged."""
     messages = snapshot.messages
     if spec.fill_ratio is None or spec.since != "all" or not messages or spec.limit <= 0:
         return
@@ -98,7 +98,6 @@ async def fill_page(
     if not cut and not grown:
         return
     snapshot.messages = messages[cut:]
-    services.sessions.repaged(key, spec, snapshot)
 
 
 async def fill_for(

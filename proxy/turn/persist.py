@@ -102,14 +102,4 @@ async def persist_turn(
     for record, seq in zip(records, result.seqs, strict=False):
         record.seq = seq
     turn.appended = records
-    if not turn.sync.rewind:
-        services.sessions.after_append(
-            turn.key,
-            turn.spec,
-            turn.snapshot,
-            records,
-            write.compressed,
-            result.meta.version,
-            result.meta.head_chain,
-        )
     return result

@@ -75,8 +75,6 @@ class Turn:
     system_prompt: list[dict[str, Any]] | None = None
     system_tokens: int = 0
     system_changed: bool = False
-    # this process held the session before the turn (its stored texts were counted here)
-    held: bool = False
     # a large input (or a large stored message) is worked on a thread
     heavy: bool = False
     # the bytes of the new records' media parts, stored with the turn

@@ -60,7 +60,7 @@ async def sync(services: Services, turn: Turn, history: Incoming) -> None:
     """Plan the sync, keep the stored records it keeps and make the new ones."""
     assert turn.snapshot is not None and turn.spec is not None
     conversation = turn.request.conversation
-    mode, fingerprints, held = history.mode, history.fingerprints, turn.held
+    mode, fingerprints = history.mode, history.fingerprints
     snapshot = turn.snapshot
     plan = sync_plan.plan_sync(mode, fingerprints, snapshot, turn.request.retry)
     if sync_plan.needs_earlier(fingerprints, snapshot, plan):
@@ -88,7 +88,7 @@ async def sync(services: Services, turn: Turn, history: Incoming) -> None:
     # a large input (a long text to tokenize, media to decode and hash) is read on a
     # thread: the event loop serves every other request meanwhile
     turn.heavy = requests.is_large([conversation[i] for i in plan.new]) or (
-        not held and any(m.tokens >= LARGE_TOKENS for m in stored)
+        any(m.tokens >= LARGE_TOKENS for m in stored)
     )
     now = time.time()
 

@@ -22,21 +22,14 @@ if write_id ~= '' then
   end
 end
 
-local state = redis.call(
-  'HMGET', meta, 'head_seq', 'head_chain', 'last_user_seq', 'version', 'rewrite_version')
-local start = state[4]
-if not start then
+local state = redis.call('HMGET', meta, 'head_seq', 'head_chain', 'last_user_seq', 'version')
+if not state[4] then
   -- a new session (or one stored before versions): start from the time (see records.py)
   local time = redis.call('TIME')
-  start = time[1] .. string.format('%06d', tonumber(time[2])) .. '000'
+  local start = time[1] .. string.format('%06d', tonumber(time[2])) .. '000'
   redis.call('HSET', meta, 'version', start)
   redis.call('HSETNX', meta, 'created_at', now)
   redis.call('PERSIST', KEYS[7])  -- a write given up on before may have left it expiring
-end
-if not state[5] or state[5] == '0' then
-  -- created here, or stored before rewrites were kept: nothing earlier is known to have
-  -- only grown
-  redis.call('HSET', meta, 'rewrite_version', start)
 end
 redis.call('HINCRBY', meta, 'version', 1)
 
@@ -78,7 +71,6 @@ for i = 0, count - 1 do
 end
 
 local at = base + 5 * count + 1
-if superseded > 0 or tonumber(ARGV[at]) > 0 then rewrote(meta) end
 for i = 0, tonumber(ARGV[at]) - 1 do
   local seq, stub = ARGV[at + 1 + 2 * i], ARGV[at + 2 + 2 * i]
   if redis.call('HEXISTS', msgs, seq) == 1 then

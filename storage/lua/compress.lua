@@ -10,6 +10,5 @@ for i = 1, #ARGV, 2 do
 end
 if redis.call('EXISTS', KEYS[3]) == 1 then
   redis.call('HINCRBY', KEYS[3], 'version', 1)
-  rewrote(KEYS[3])
 end
 return #ARGV / 2

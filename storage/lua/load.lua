@@ -1,15 +1,12 @@
 -- One turn's read. KEYS: meta, msgs, active, stubs, summaries
--- ARGV: limit, since (all|boundary|turn), known version ('' = none), known head seq
---       ('' = none), probe chain hashes...
+-- ARGV: limit, since (all|boundary|turn), held version ('' = none), probe chain hashes...
 -- Returns {meta (values of META), messages (JSON array), stubs ({seq, stub, ...}),
--- summaries, matched, matched_seq, unchanged, grown}; {0} when the session is missing.
--- unchanged is 1 when the session's version is the known one: messages and summaries are
--- then not read. grown is 1 when every write since the known version only appended:
--- messages are those after the known head, and summaries are not read.
+-- summaries, matched, matched_seq, held}; {0} when the session is missing. held is 1 when
+-- the session's version is the held one: messages and summaries are then not read.
 local meta = redis.call('HMGET', KEYS[1], unpack(META))
 -- every append writes head_seq: a meta without it is a missing session
 if not meta[1] and redis.call('EXISTS', KEYS[1]) == 0 then return {0} end
-local PROBE = 5
+local PROBE = 4
 
 local limit = tonumber(ARGV[1])
 local since = ARGV[2]
@@ -21,16 +18,8 @@ elseif since == 'turn' then
   if last_user ~= '0' then low = last_user end
 end
 
-local unchanged, grown = 0, 0
-if ARGV[3] ~= '' and meta[12] == ARGV[3] then
-  unchanged, limit = 1, 0
-elseif ARGV[3] ~= '' and ARGV[4] ~= '' and since ~= 'turn' and meta[13] and meta[13] ~= '0'
-    and version_le(meta[13], ARGV[3]) and tonumber(ARGV[4]) <= tonumber(meta[1] or '0') then
-  grown = 1
-  local floor = tonumber(ARGV[4])
-  if since == 'boundary' then floor = math.max(floor, tonumber(meta[5] or '0')) end
-  low = '(' .. floor
-end
+local held = 0
+if ARGV[3] ~= '' and meta[12] == ARGV[3] then held, limit = 1, 0 end
 
 local seqs = {}
 if limit > 0 then
@@ -58,6 +47,5 @@ while hi > 0 and matched == 0 do
 end
 
 local summaries = {}
-if unchanged == 0 and grown == 0 then summaries = redis.call('LRANGE', KEYS[5], 0, -1) end
-return {meta, messages, stubs_of(KEYS[4], seqs), summaries, matched, matched_seq, unchanged,
-  grown}
+if held == 0 then summaries = redis.call('LRANGE', KEYS[5], 0, -1) end
+return {meta, messages, stubs_of(KEYS[4], seqs), summaries, matched, matched_seq, held}

@@ -10,19 +10,7 @@
 local META = {
   'head_seq', 'active_count', 'head_chain', 'last_user_seq', 'boundary_seq', 'system_prompt',
   'system_tokens', 'calibration', 'model', 'created_at', 'updated_at', 'version',
-  'rewrite_version',
 }
-
--- a <= b for the decimal strings of versions (too large for Lua's doubles)
-local function version_le(a, b)
-  return #a < #b or (#a == #b and a <= b)
-end
-
--- a write that did more than append (see SessionMeta.rewrite_version), once it moved the
--- version (read back as a string: HINCRBY's reply is a double in Lua, too coarse for it)
-local function rewrote(meta)
-  redis.call('HSET', meta, 'rewrite_version', redis.call('HGET', meta, 'version'))
-end
 
 -- unpack() is bounded by the Lua C stack (~8000 values): read big field lists in chunks
 local function hmget(key, fields)

@@ -8,5 +8,4 @@ local id = redis.call('HINCRBY', KEYS[1], 'summary_id', 1)
 redis.call('RPUSH', KEYS[2], '{"id":' .. id .. ',' .. string.sub(ARGV[4], 2))
 if ARGV[2] == 'compaction' then redis.call('HSET', KEYS[1], 'boundary_seq', ARGV[3]) end
 redis.call('HINCRBY', KEYS[1], 'version', 1)
-rewrote(KEYS[1])
 return id

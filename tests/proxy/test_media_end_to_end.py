@@ -3,7 +3,9 @@ to the recording fake; blocks on the turn they arrive, placeholders later, bytes
 
 from __future__ import annotations
 
+import contextlib
 import socket
+import sqlite3
 
 import httpx
 import openai
@@ -40,9 +42,10 @@ def media_types(messages: list[dict]) -> set[str]:
 
 
 def stored_part_count(proxy) -> int:
-    store = proxy.services.store
+    store = proxy.services.store.store  # behind the session cache
     if isinstance(store, SqliteStore):
-        return proxy.call(store._execute("SELECT COUNT(*) FROM session_parts"))[0][0]
+        with contextlib.closing(sqlite3.connect(store.path)) as conn:
+            return int(conn.execute("SELECT COUNT(*) FROM session_parts").fetchone()[0])
 
     async def count() -> int:
         client = connect(store.url)  # a client of its own, beside the store's

@@ -5,6 +5,7 @@ and keys in its estimate, and the optional request limits answer with their own 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from proxy import model_info
 from proxy.http.limits import MAX_IDENTIFIER_CHARS
 from proxy.testing.fake_upstream import FakeUpstream
 from proxy.turn.identity import namespace_for
-from proxy.turn.session_cache import SessionCache
+from storage.cached import CachedStore
 from strategies import tokens
 from strategies.records import LoadSpec, SessionKey, SessionMeta, SessionSnapshot, StoredMessage
 
@@ -115,16 +116,28 @@ def snapshot_of(*messages: StoredMessage) -> SessionSnapshot:
                            exists=True)
 
 
+class OneSnapshot:
+    """A store whose every session is ``messages`` (enough of the port for the cache)."""
+
+    def __init__(self, messages: list[StoredMessage]) -> None:
+        self.messages = messages
+
+    async def load(
+        self, key: SessionKey, spec: LoadSpec, *, probe: object = (), held_version: object = None
+    ) -> SessionSnapshot:
+        return snapshot_of(*self.messages)
+
+
 def test_the_session_cache_counts_ids_names_and_key_strings() -> None:
     spec = LoadSpec(limit=500)
 
     def held(session: str, call_id: str, name: str | None = None) -> int:
-        cache = SessionCache(max_bytes=1 << 20)
         messages = [
             StoredMessage("assistant", None, tokens=5, seq=1, tool_calls=[call(call_id)]),
             StoredMessage("tool", "42", tokens=3, seq=2, tool_call_id=call_id, name=name),
         ]
-        cache.fill(SessionKey("ns", "agent", session), spec, snapshot_of(*messages))
+        cache = CachedStore(OneSnapshot(messages), max_bytes=1 << 20)  # type: ignore[arg-type]
+        asyncio.run(cache.load(SessionKey("ns", "agent", session), spec))
         return cache.size
 
     short = held("s", "c")

@@ -12,10 +12,11 @@ from redis_cluster import RedisCluster
 from redis_server import RedisServer
 
 from storage.base import Store
+from storage.cached import CachedStore
 from storage.redis import RedisStore
 from storage.sqlite import SqliteStore
 
-BACKENDS = ["sqlite", "redis", "cluster"]
+BACKENDS = ["sqlite", "redis", "cluster", "cached_sqlite", "cached_redis"]
 
 
 @pytest.fixture
@@ -62,8 +63,19 @@ async def sqlite_store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
     await store.close()
 
 
+@pytest.fixture
+def cached_sqlite_store(sqlite_store: SqliteStore) -> CachedStore:
+    """The SQLite store behind the session cache (opened and closed with it)."""
+    return CachedStore(sqlite_store, 16 << 20)
+
+
+@pytest.fixture
+def cached_redis_store(redis_store: RedisStore) -> CachedStore:
+    return CachedStore(redis_store, 16 << 20)
+
+
 @pytest.fixture(params=BACKENDS)
 def store(request: pytest.FixtureRequest) -> Store:
-    """A fresh, open store of each backend."""
+    """A fresh, open store of each backend, and the first two behind the session cache."""
     backend: Store = request.getfixturevalue(f"{request.param}_store")
     return backend

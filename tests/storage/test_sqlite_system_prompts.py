@@ -76,8 +76,8 @@ async def test_a_prompt_changed_by_another_process_is_read_not_served_from_the_c
     store: SqliteStore, path: Path
 ) -> None:
     first = await store.append_turn(KEY, TurnWrite([message("q0")], system_prompt=BIG))
-    cached = await store.load(KEY, LoadSpec(), known_version=first.meta.version)
-    assert cached.unchanged and cached.meta.system_prompt == BIG
+    cached = await store.load(KEY, LoadSpec(), held_version=first.meta.version)
+    assert cached.held and cached.meta.system_prompt == BIG
 
     other = SqliteStore(f"sqlite:///{path}")
     await other.open()
@@ -87,8 +87,8 @@ async def test_a_prompt_changed_by_another_process_is_read_not_served_from_the_c
     finally:
         await other.close()
 
-    snapshot = await store.load(KEY, LoadSpec(), known_version=first.meta.version)
-    assert not snapshot.unchanged and snapshot.meta.system_prompt == changed
+    snapshot = await store.load(KEY, LoadSpec(), held_version=first.meta.version)
+    assert not snapshot.held and snapshot.meta.system_prompt == changed
     assert [m.content for m in snapshot.messages] == ["q0", "q1"]
 
 
