@@ -44,7 +44,35 @@ messages = st.lists(st.fixed_dictionaries({
     "role": st.sampled_from(["user", "assistant", "system", "tool"]) | values,
     "content": st.text(max_size=20) | st.lists(blocks, max_size=3) | values,
 }), max_size=5) | values
-bodies = st.fixed_dictionaries({}, optional={
+good_blocks = st.one_of(
+    st.builds(lambda t: {"type": "text", "text": t}, st.text(min_size=1, max_size=20)),
+    st.builds(lambda i: {"type": "tool_use", "id": i, "name": "ls", "input": {"p": 1}},
+              st.sampled_from(["toolu_1", "toolu_2"])),
+    st.builds(lambda i, c: {"type": "tool_result", "tool_use_id": i, "content": c},
+              st.sampled_from(["toolu_1", "toolu_2", "toolu_9"]),
+              st.text(max_size=10) | st.just([{"type": "text", "text": "r"}])),
+    st.builds(lambda t: {"type": "thinking", "thinking": t, "signature": "sig"},
+              st.text(max_size=10)),
+    st.just({"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": "iVBORw0KGgo="}}),
+    st.just({"type": "document", "source": {"type": "text", "media_type": "text/plain",
+                                            "data": "notes"}}),
+    blocks,
+)
+good_messages = st.lists(st.fixed_dictionaries({
+    "role": st.sampled_from(["user", "assistant", "user", "system"]),
+    "content": st.text(min_size=1, max_size=20) | st.lists(good_blocks, min_size=1, max_size=3),
+}), min_size=1, max_size=6)
+good_bodies = st.fixed_dictionaries({
+    "model": st.sampled_from(["claude-sonnet-4-5", "gpt-4o"]),
+    "max_tokens": st.just(50),
+    "messages": good_messages,
+}, optional={
+    "system": st.text(max_size=10),
+    "tools": st.just([{"name": "ls", "input_schema": {"type": "object"}}]),
+    "stream": st.booleans(),
+})
+bodies = good_bodies | st.fixed_dictionaries({}, optional={
     "model": st.sampled_from(["claude-sonnet-4-5", "gpt-4o", ""]) | values,
     "max_tokens": st.sampled_from([1, 100]) | values,
     "messages": messages,
