@@ -84,6 +84,9 @@ async def read_request(request: Request, services: Services, *, count_only: bool
     headers = {k.lower(): v for k, v in reversed(request.headers.items())}
     forwarded = forwarded_headers(headers)
     limits.check_identifiers(body)
+    for index, message in enumerate(parsed.conversation):
+        if message["role"] != "user":
+            limits.check_message_identifiers(message, f"messages.{index}")
     limits.check_limits(services.settings, [*parsed.system, *parsed.conversation], forwarded)
     if not request.path_params.get("session"):
         claude_code_conversation(headers, parsed.conversation)

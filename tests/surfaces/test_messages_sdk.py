@@ -306,3 +306,15 @@ def test_an_agents_llm_api_picks_the_upstream(messages_proxy, fake, agents_dir, 
     client(proxy, agent="routed").messages.create(
         model=model, max_tokens=10, messages=[{"role": "user", "content": "route me"}])
     assert [r.path for r in fake.requests if r.method == "POST"] == [path]
+
+
+def test_an_overlong_tool_use_id_is_refused_naming_it(proxy):
+    response = httpx.post(f"{proxy.base}/v1/messages", headers={"x-api-key": CLIENT_KEY}, json={
+        "model": MODEL, "max_tokens": 5, "tools": TOOLS, "messages": [
+            {"role": "user", "content": "x"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t" * 300,
+                                               "name": "read_file", "input": {}}]},
+            {"role": "user", "content": "y"}]})
+    assert response.status_code == 400
+    assert response.json()["error"]["type"] == "invalid_request_error"
+    assert "tool_calls[0].id" in response.json()["error"]["message"]
