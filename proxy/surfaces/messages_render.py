@@ -30,7 +30,7 @@ from typing import Any
 
 import orjson
 
-from proxy.surfaces.messages_request import CacheMark
+from proxy.surfaces.messages_request import TOOL_USE_AT, CacheMark
 from proxy.turn.cache_hints import EPHEMERAL, MAX_BREAKPOINTS, anthropic_breakpoints
 from strategies import native
 from strategies.media_info import decode_base64, parse_data_url
@@ -202,8 +202,8 @@ def _content_block(part: Any) -> dict[str, Any] | None:
         item = part.get("item")
         if part.get("api") != native.MESSAGES or not isinstance(item, Mapping):
             return None
-        if item.get("type") == "tool_result":
-            return None  # a result's own fields: merged into its block (_tool_result)
+        if item.get("type") in ("tool_result", TOOL_USE_AT):
+            return None  # a result's own fields (merged into its block), a tool use's place
         return dict(item)
     if kind == "image_url":
         return _image_block(part)
@@ -267,30 +267,38 @@ def _document_block(part: Mapping[str, Any]) -> dict[str, Any] | None:
 
 def _assistant_blocks(message: Mapping[str, Any], tools_declared: bool) -> list[dict[str, Any]]:
     content = message.get("content")
+    calls = {str(c.get("id") or ""): c for c in message.get("tool_calls") or ()
+             if isinstance(c, Mapping) and isinstance(c.get("function"), Mapping)}
     blocks: list[dict[str, Any]] = []
     if isinstance(content, str):
         if content:
             blocks.append({"type": "text", "text": content})
     elif isinstance(content, list):
         for part in content:
+            item = part.get("item") if native.is_native(part) else None
+            if isinstance(item, Mapping) and item.get("type") == TOOL_USE_AT:
+                call = calls.pop(str(item.get("id") or ""), None)
+                if call is not None:  # the tool use in its place among the blocks
+                    blocks.append(_tool_use(call, tools_declared))
+                continue
             found = _content_block(part)
             if found is not None and found.get("type") not in ("image", "document"):
                 blocks.append(found)
-    for call in message.get("tool_calls") or ():
-        function = call.get("function") if isinstance(call, Mapping) else None
-        if not isinstance(function, Mapping):
-            continue
-        name = str(function.get("name") or "")
-        arguments = function.get("arguments")
-        if tools_declared:
-            block: dict[str, Any] = {"type": "tool_use", "id": str(call.get("id") or ""),
-                                     "name": name, "input": _input(arguments)}
-            if isinstance(call.get("cache_control"), Mapping):
-                block["cache_control"] = dict(call["cache_control"])
-            blocks.append(block)
-        else:
-            blocks.append({"type": "text", "text": f"[called tool {name} with {arguments}]"})
+    blocks.extend(_tool_use(call, tools_declared) for call in calls.values())
     return blocks
+
+
+def _tool_use(call: Mapping[str, Any], tools_declared: bool) -> dict[str, Any]:
+    function = call["function"]
+    name = str(function.get("name") or "")
+    arguments = function.get("arguments")
+    if not tools_declared:
+        return {"type": "text", "text": f"[called tool {name} with {arguments}]"}
+    block: dict[str, Any] = {"type": "tool_use", "id": str(call.get("id") or ""),
+                             "name": name, "input": _input(arguments)}
+    if isinstance(call.get("cache_control"), Mapping):
+        block["cache_control"] = dict(call["cache_control"])
+    return block
 
 
 def _input(arguments: Any) -> Any:

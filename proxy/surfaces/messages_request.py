@@ -39,6 +39,9 @@ from proxy.turn.history_sync import fingerprint
 from strategies import native
 
 ROLES = ("user", "assistant", "system")
+# a native part marking where a tool use stood among its message's blocks (its block is
+# rebuilt there from the record's tool_calls)
+TOOL_USE_AT = "tool_use_at"
 # block types chat has a form for; everything else is a native part
 _USER_BLOCKS = ("text", "image", "document", "tool_result")
 _RESULT_BLOCKS = ("text", "image", "document")
@@ -233,6 +236,10 @@ class _Reader:
         calls: list[dict[str, Any]] = []
         marks: list[tuple[int, dict[str, Any]]] = []
         count = len(blocks)
+        kinds = [b["type"] for b in blocks]
+        # a tool use followed by another block (interleaved thinking) keeps its place
+        placed = "tool_use" in kinds and any(
+            k != "tool_use" for k in kinds[kinds.index("tool_use"):])
         for index, block in enumerate(blocks):
             kind = block["type"]
             at = f"{where}.{index}"
@@ -248,10 +255,14 @@ class _Reader:
                     "function": {"name": name, "arguments": arguments_of(block.get("input"))},
                 }
                 calls.append(call)
+                if placed:
+                    parts.append(native.part(native.MESSAGES, {"type": TOOL_USE_AT,
+                                                               "id": call_id}))
             elif kind == "text":
                 parts.append(_text_part(block, at))
             else:
-                parts.append(native.part(native.MESSAGES, block))
+                parts.append(native.part(native.MESSAGES, _without_mark(block)
+                                         if "cache_control" in block else block))
         message: dict[str, Any] = {"role": "assistant", "content": _compact(parts)}
         if calls:
             message["tool_calls"] = calls

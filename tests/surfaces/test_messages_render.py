@@ -217,17 +217,26 @@ def conversations(draw: st.DrawFn) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = [{"role": "user", "content": draw(_text)}]
     for _ in range(draw(st.integers(0, 4))):
         blocks: list[dict[str, Any]] = []
-        if draw(st.booleans()):
-            blocks.append({"type": "thinking", "thinking": draw(_text),
-                           "signature": draw(st.text(min_size=1, max_size=12))})
-        if draw(st.booleans()):
-            blocks.append({"type": "text", "text": draw(_text)})
-        calls = [f"toolu_{next(ids)}" for _ in range(draw(st.integers(0, 2)))]
-        blocks += [{"type": "tool_use", "id": c, "name": "ls",
-                    "input": {"path": draw(_text), "n": draw(st.integers(-5, 5))}}
-                   for c in calls]
-        if not blocks:
-            blocks.append({"type": "text", "text": draw(_text)})
+        calls: list[str] = []
+        # thinking first when there is any, then text, tool uses and (interleaved
+        # thinking) more thinking, in any order
+        kinds = draw(st.lists(st.sampled_from(["thinking", "text", "tool_use"]),
+                              min_size=1, max_size=4))
+        for kind in sorted(kinds, key=lambda k: k != "thinking") if kinds[0] == "thinking" \
+                else [k for k in kinds if k != "thinking"] or ["text"]:
+            if kind == "thinking":
+                blocks.append({"type": "thinking", "thinking": draw(_text),
+                               "signature": draw(st.text(min_size=1, max_size=12))})
+            elif kind == "text":
+                blocks.append({"type": "text", "text": draw(_text)})
+            else:
+                calls.append(f"toolu_{next(ids)}")
+                blocks.append({"type": "tool_use", "id": calls[-1], "name": "ls",
+                               "input": {"path": draw(_text), "n": draw(st.integers(-5, 5))}})
+        if draw(st.booleans()) and calls:
+            # thinking between tool uses (interleaved thinking)
+            blocks.insert(len(blocks) - 1, {"type": "thinking", "thinking": draw(_text),
+                                            "signature": "s2"})
         out.append({"role": "assistant", "content": blocks})
         following: list[dict[str, Any]] = []
         for call in calls:
