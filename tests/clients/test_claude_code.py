@@ -118,6 +118,9 @@ def test_claude_code_keeps_one_session_over_three_prompts(
 
     requests = fake.message_requests
     assert len(requests) == 4  # the tool round, then one call per prompt
+    # its query string and beta headers reach the upstream as it sent them
+    assert all(r.query == "beta=true" for r in requests), [r.query for r in requests]
+    assert all("anthropic-beta" in r.headers for r in requests)
     last = requests[-1].body
     sent = orjson.dumps(last["messages"]).decode()
     assert "CODE-X1" in sent and "PAPAYA" in sent
