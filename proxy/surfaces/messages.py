@@ -152,6 +152,7 @@ class MessagesSurface:
     def __init__(self, request: TurnRequest | None = None) -> None:
         self.request = request
         self.translator: ChunkTranslator | None = None
+        self.failed = False
 
     async def parse(self, request: Request, services: Services) -> TurnRequest:
         return await read_request(request, services)
@@ -199,6 +200,8 @@ class MessagesSurface:
         if self.translator is None:
             if event.data.startswith((b'{"type":"message_stop"', b'{"type": "message_stop"')):
                 return None  # sent by stream_end, after the turn is stored
+            if event.data.startswith((b'{"type":"error"', b'{"type": "error"')):
+                self.failed = True  # the upstream's error event ends the stream
             return event.raw
         if chunk is None:
             if event.data[:1] != b"{":
@@ -211,6 +214,8 @@ class MessagesSurface:
         return b"".join(self.translator.feed(chunk)) or None
 
     def stream_end(self, turn: Turn | None) -> bytes:
+        if self.failed:
+            return b""
         if self.translator is None:
             return MESSAGE_STOP
         return b"".join(self.translator.finish())

@@ -318,3 +318,15 @@ def test_an_overlong_tool_use_id_is_refused_naming_it(proxy):
     assert response.status_code == 400
     assert response.json()["error"]["type"] == "invalid_request_error"
     assert "tool_calls[0].id" in response.json()["error"]["message"]
+
+
+def test_a_pass_through_stream_ends_with_the_upstreams_error_event(proxy, fake):
+    fake.queue(Reply.raw(
+        b'event: error\ndata: {"type":"error","error":{"type":"overloaded_error",'
+        b'"message":"Overloaded"}}\n\n', content_type="text/event-stream"))
+    response = httpx.post(f"{proxy.base}/v1/messages",
+                          headers={"x-api-key": CLIENT_KEY, "x-memory": "off"},
+                          json={"model": MODEL, "max_tokens": 10, "stream": True,
+                                "messages": [{"role": "user", "content": "x"}]})
+    assert response.text.rstrip().split("\n\n")[-1].startswith("event: error")
+    assert "message_stop" not in response.text
