@@ -52,6 +52,27 @@ def test_auto_compact_summarizes_through_the_messages_upstream(messages_proxy, f
     assert last["messages"][0]["role"] == "user"
 
 
+def test_the_summarizer_call_on_the_cached_prefix_goes_to_the_messages_upstream(
+    messages_proxy, fake, agents_dir
+):
+    write_agent(agents_dir, "compactor", llm={"model": MODEL, "contextWindow": 4000},
+                memoryConfig={"kind": "auto_compact", "compactAtRatio": 0.3})
+    proxy = messages_proxy()
+    fake.default_reply = lambda body: Reply.text(
+        "SUMMARY: alpha turns." if is_summarizer(body) else "Noted.")
+    api = client(proxy, "compactor", "prefix")
+    for n in range(6):
+        api.messages.create(model=MODEL, max_tokens=50, messages=[
+            {"role": "user", "content": f"turn {n}: " + "alpha " * 250}])
+        proxy.drain()
+    (call, *_) = [r.body for r in fake.message_requests if is_summarizer(r.body)]
+    # the turn's request again, the instruction last, in the Messages API's shape
+    instruction = call["messages"][-1]["content"][-1]["text"]
+    assert instruction.startswith(SUMMARY_INSTRUCTION_LEAD)
+    assert call["messages"][0]["content"][0]["text"].startswith("turn 0:")
+    assert "SUMMARY: alpha turns." in orjson.dumps(fake.message_requests[-1].body).decode()
+
+
 def test_cached_tokens_are_read_from_anthropics_usage(proxy, fake):
     usage = {"input_tokens": 20, "cache_read_input_tokens": 1500,
              "cache_creation_input_tokens": 30, "output_tokens": 5}
