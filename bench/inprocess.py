@@ -75,29 +75,23 @@ class CountingStore:
 
 @contextlib.contextmanager
 def patched(counting: Counting) -> Iterator[None]:
-    """Count Redis packets, SQLite jobs (and groups of appends) and tokenizer input while
-    inside."""
+    """Count Redis packets, SQLite jobs (each one transaction on the store's thread) and
+    tokenizer input while inside."""
     from redis.asyncio.connection import AbstractConnection
 
     from storage.sqlite import SqliteStore
 
     saved = (AbstractConnection.send_packed_command, SqliteStore._run,
-             SqliteStore._write_appends,
              tiktoken.core.Encoding.encode_ordinary, tiktoken.core.Encoding.encode)
-    send, run, write_appends, encode_ordinary, encode = saved
+    send, run, encode_ordinary, encode = saved
 
     async def send_packed_command(self: Any, command: Any, check_health: bool = True) -> None:
         counting.round_trips += 1
         await send(self, command, check_health)
 
     async def counted_run(self: Any, job: Callable[..., Any], *args: Any) -> Any:
-        counting.round_trips += 1  # every job but a group of appends
+        counting.round_trips += 1  # one job, one transaction
         return await run(self, job, *args)
-
-    def counted_write_appends(self: Any) -> None:
-        if self._appends:  # a group of appends: one transaction
-            counting.round_trips += 1
-        write_appends(self)
 
     def counted_encode_ordinary(self: Any, text: str) -> list[int]:
         counting.tokenize_calls += 1
@@ -111,13 +105,12 @@ def patched(counting: Counting) -> Iterator[None]:
 
     AbstractConnection.send_packed_command = send_packed_command  # type: ignore[method-assign]
     SqliteStore._run = counted_run  # type: ignore[method-assign]
-    SqliteStore._write_appends = counted_write_appends  # type: ignore[method-assign]
     tiktoken.core.Encoding.encode_ordinary = counted_encode_ordinary  # type: ignore[method-assign]
     tiktoken.core.Encoding.encode = counted_encode  # type: ignore[method-assign]
     try:
         yield
     finally:
-        (AbstractConnection.send_packed_command, SqliteStore._run, SqliteStore._write_appends,
+        (AbstractConnection.send_packed_command, SqliteStore._run,
          tiktoken.core.Encoding.encode_ordinary, tiktoken.core.Encoding.encode) = saved
 
 

@@ -16,6 +16,13 @@ store's own encoding, so the page is what the store would read. Any other write 
 the cache drops the session's pages; a write that fails leaves them as they were (the
 next load checks the version anyway).
 
+A paged turn (summarizing_window reads the pages before its load's page until the
+window's budget is full, ``Store.get_range``) reads those older records through the
+cache too: the records just before a cached page are kept with it (``Page.older``), as
+read at the page's version, and a range they cover is served from them. The page's own
+records that a grown page leaves behind join them, so a session's next turns read no
+older page again while nobody else writes to it. They go with the page.
+
 Records are values: the cache keeps its own, hands the same records to every turn, and
 never changes one (a change is a new record). Bounded by an estimate of the memory it
 holds (``MEMORY_PROXY_SESSION_CACHE_MB``; a message is counted as ``MESSAGE_OVERHEAD``
@@ -28,7 +35,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -57,6 +64,8 @@ MESSAGE_OVERHEAD = 600
 BYTES_PER_TOKEN = 4
 # an entry's own: the dataclass, its key and the OrderedDict's link, besides its strings
 ENTRY_OVERHEAD = 300
+# a page's older records: at most this many pages' worth (``LoadSpec.limit``)
+OLDER_PAGES = 16
 
 Slot = tuple[SessionKey, LoadSpec]
 
@@ -81,7 +90,9 @@ class Page:
     head_chain: str
     messages: tuple[StoredMessage, ...]
     summaries: tuple[SummaryRecord, ...]
-    size: int  # estimated bytes, the key's included
+    size: int  # estimated bytes, the key's included (and the older records')
+    # the active records just before ``messages``, contiguous with them (get_range's)
+    older: tuple[StoredMessage, ...] = ()
 
 
 class CachedStore:
@@ -171,12 +182,23 @@ class CachedStore:
             return
         spec = slot[1]
         start = {"all": 0, "boundary": meta.boundary_seq + 1, "turn": meta.last_user_seq}
-        messages = (*with_stubs(page.messages, write.compressed or {}), *appended)
+        stubs = write.compressed or {}
+        messages = (*with_stubs(page.messages, stubs), *appended)
         # the page starts at the spec's start and holds at most its limit, the newest
         first = bisect_left(messages, start[spec.since], key=_seq)
         first = max(first, len(messages) - spec.limit) if spec.limit > 0 else len(messages)
-        size = page.size + estimated_bytes(appended) - estimated_bytes(messages[:first])
-        self._put(slot, Page(meta.version, meta.head_chain, messages[first:], page.summaries, size))
+        older: tuple[StoredMessage, ...] = ()
+        if page.older:
+            # what the page leaves behind stays next to the older records it reaches
+            older = (*with_stubs(page.older, stubs), *messages[:first])
+            older = older[-OLDER_PAGES * spec.limit :] if spec.limit > 0 else ()
+        size = (
+            page.size + estimated_bytes(appended) - estimated_bytes(messages[:first])
+            + estimated_bytes(older) - estimated_bytes(page.older)
+        )
+        self._put(slot, Page(
+            meta.version, meta.head_chain, messages[first:], page.summaries, size, older,
+        ))  # fmt: skip
 
     async def set_compressed(self, key: SessionKey, stubs: dict[int, str | None]) -> None:
         try:
@@ -241,7 +263,40 @@ class CachedStore:
         return await self.store.get_messages(key, seqs)
 
     async def get_range(self, key: SessionKey, from_seq: int, to_seq: int) -> list[StoredMessage]:
-        return await self.store.get_range(key, from_seq, to_seq)
+        """From the older records of the session's cached page when they reach the range:
+        the store is read only for what lies before them, which joins them. The older
+        records kept start where the latest range asked (the budget's start moves forward
+        as the session grows), so they stay the size of one window."""
+        slot = self._older_slot(key, to_seq)
+        if slot is None:
+            return await self.store.get_range(key, from_seq, to_seq)
+        page = self._sessions[key][slot[1]]
+        older = page.older
+        first = (older or page.messages)[0].seq
+        if from_seq < first:
+            before = await self.store.get_range(key, from_seq, first - 1)
+            if self._sessions.get(key, {}).get(slot[1]) is not page:  # changed meanwhile
+                return [*before, *await self.store.get_range(key, first, to_seq)]
+            older = (*before, *older)
+        else:
+            older = older[bisect_left(older, from_seq, key=_seq):]
+        if older is not page.older:
+            size = page.size + estimated_bytes(older) - estimated_bytes(page.older)
+            self._put(slot, replace(page, older=older, size=size))
+        held = (*older, *page.messages)
+        low = bisect_left(held, from_seq, key=_seq)
+        return list(held[low : bisect_left(held, to_seq + 1, key=_seq)])
+
+    def _older_slot(self, key: SessionKey, to_seq: int) -> Slot | None:
+        """The slot of a paged spec's cached page of ``key`` whose records reach back to
+        ``to_seq`` or start just after it, ending at or after it."""
+        for spec, page in self._sessions.get(key, {}).items():
+            if spec.since != "all" or spec.fill_ratio is None or not page.messages:
+                continue
+            first = (page.older or page.messages)[0].seq
+            if first <= to_seq + 1 and to_seq <= page.messages[-1].seq:
+                return key, spec
+        return None
 
     async def find_tool_result(self, key: SessionKey, tool_call_id: str) -> StoredMessage | None:
         return await self.store.find_tool_result(key, tool_call_id)

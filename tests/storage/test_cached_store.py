@@ -276,3 +276,78 @@ async def test_a_probe_is_matched_on_a_cached_page(cached: CachedStore) -> None:
 
     assert (again.matched, again.matched_seq) == (2, 2)
     assert page(again) == page(first)
+
+
+PAGED = LoadSpec(limit=4, since="all", fill_ratio=0.8)
+
+
+class CountingRanges:
+    """The store behind the cache, its ``get_range`` calls counted."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.ranges: list[tuple[int, int]] = []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.store, name)
+
+    async def get_range(self, key: SessionKey, from_seq: int, to_seq: int) -> list[StoredMessage]:
+        self.ranges.append((from_seq, to_seq))
+        return await self.store.get_range(key, from_seq, to_seq)
+
+
+async def paged_turn(cached: CachedStore, index: int) -> list[StoredMessage]:
+    """A paged turn as the proxy makes it: the page, the history before it, then the
+    turn's write. Returns what the turn read."""
+    snapshot = await cached.load(KEY, PAGED)
+    first = snapshot.messages[0].seq
+    before = await cached.get_range(KEY, 1, first - 1) if first > 1 else []
+    await cached.append_turn(KEY, turn(index))
+    return [*before, *snapshot.messages]
+
+
+async def test_a_paged_sessions_older_records_are_read_from_the_store_once(
+    stores: tuple[Store, Store],
+) -> None:
+    counting = CountingRanges(stores[0])
+    cached = CachedStore(counting, 16 << 20)  # type: ignore[arg-type]
+    for index in range(4):
+        await cached.append_turn(KEY, turn(index))
+
+    for index in range(4, 10):
+        read = await paged_turn(cached, index)
+        direct = await stores[0].get_range(KEY, 1, read[-1].seq)
+        assert read == direct, "the history read through the cache is the store's"
+
+    assert len(counting.ranges) == 1, "only the first turn read the older pages"
+
+
+async def test_older_records_follow_another_writers_changes(
+    cached: CachedStore, other: Store
+) -> None:
+    for index in range(6):
+        await cached.append_turn(KEY, turn(index))
+    await paged_turn(cached, 6)
+
+    await other.set_compressed(KEY, {1: "[stub]"})  # a record before the page
+    await other.append_turn(KEY, turn(9, supersede_after=3))  # and a rewind
+
+    snapshot = await cached.load(KEY, PAGED)
+    before = await cached.get_range(KEY, 1, snapshot.messages[0].seq - 1)
+    direct = await other.get_range(KEY, 1, snapshot.messages[-1].seq)
+    assert [*before, *snapshot.messages] == direct
+    assert before[0].compressed_content == "[stub]"
+
+
+async def test_a_range_inside_the_older_records_is_what_the_store_returns(
+    cached: CachedStore,
+) -> None:
+    for index in range(8):
+        await cached.append_turn(KEY, turn(index))
+    await paged_turn(cached, 8)
+    await paged_turn(cached, 9)
+
+    for low, high in [(1, 3), (2, 2), (5, 11), (3, 17), (18, 19), (12, 40), (4, 6)]:
+        assert await cached.get_range(KEY, low, high) == await cached.store.get_range(
+            KEY, low, high
+        )
