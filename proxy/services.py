@@ -45,6 +45,10 @@ class Services:
     admin_failures: FailedAttempts = field(default_factory=lambda: FailedAttempts(10))
     # the Messages API upstream (proxy/upstreams/anthropic_http.py), built on first use
     messages_upstream: Any = None
+    # the Responses API adapters over the direct upstream by MEMORY_PROXY_RESPONSES_API
+    # choice ("auto" remembers an upstream without one), made on first use
+    # (proxy/surfaces/responses.py pick_upstream)
+    responses_upstreams: dict[str, Any] = field(default_factory=dict)
 
     def remember_credentials(
         self, key: SessionKey, headers: dict[str, str], *, messages_api: bool = False

@@ -34,6 +34,10 @@ class Settings(BaseSettings):
     # send provider-prefixed model ids (anthropic/..., gemini/...) through litellm; turn off
     # when the upstream itself takes such ids (an OpenRouter-style gateway)
     litellm_routing: bool = True
+    # how Responses API requests reach the direct upstream (an agent's ``llm.api`` wins):
+    # "auto" sends them to its /responses and, once it answers 404/405 there, to its
+    # /chat/completions translated; "responses" and "chat" choose one
+    responses_api: Literal["auto", "responses", "chat"] = "auto"
     # send the session's prompt_cache_key (proxy/turn/cache_hints.py) with requests for OpenAI
     # models (no provider prefix, or openai/...) whose client sent none; turn off for an
     # OpenAI-compatible upstream that rejects unknown fields

@@ -16,6 +16,7 @@ from strategies.records import (
     AppendResult,
     LoadSpec,
     LogPage,
+    ResponseRef,
     SessionInfo,
     SessionKey,
     SessionSnapshot,
@@ -112,6 +113,15 @@ class Store(Protocol):
         of ``words`` (case-folded words, see ``storage.search.query_words``), best match
         first, at most ``limit``; seqs in ``exclude`` are left out. Bounded: SQLite
         searches its full-text index, Redis the newest ``SEARCH_SCAN`` messages."""
+
+    async def find_response(self, key: SessionKey, response_id: str) -> ResponseRef | None:
+        """The response a turn write stored with ``TurnWrite.response_id`` in this session
+        (its messages may since have been superseded), None when unknown or forgotten.
+        Responses are removed with their session."""
+
+    async def forget_response(self, key: SessionKey, response_id: str) -> bool:
+        """Forget a stored response id (its messages stay in the log); True when it was
+        known."""
 
     async def set_calibration(self, key: SessionKey, value: float) -> None:
         """Store the session's token-estimate calibration factor."""

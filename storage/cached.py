@@ -47,6 +47,7 @@ from strategies.records import (
     AppendResult,
     LoadSpec,
     LogPage,
+    ResponseRef,
     SessionInfo,
     SessionKey,
     SessionSnapshot,
@@ -300,6 +301,13 @@ class CachedStore:
 
     async def find_tool_result(self, key: SessionKey, tool_call_id: str) -> StoredMessage | None:
         return await self.store.find_tool_result(key, tool_call_id)
+
+    async def find_response(self, key: SessionKey, response_id: str) -> ResponseRef | None:
+        return await self.store.find_response(key, response_id)
+
+    async def forget_response(self, key: SessionKey, response_id: str) -> bool:
+        # the session's messages and meta are untouched: the cached page stays valid
+        return await self.store.forget_response(key, response_id)
 
     async def read_log(self, key: SessionKey, *, after: int = 0, limit: int = 100) -> LogPage:
         return await self.store.read_log(key, after=after, limit=limit)

@@ -36,7 +36,13 @@ from storage.base import StoreUnavailable
 from storage.redact import mask_url
 from storage.redis_calls import Command, RedisCalls
 from storage.redis_client import SOCKET_TIMEOUT
-from storage.redis_codec import append_args, decode_array, decode_messages, decode_meta
+from storage.redis_codec import (
+    append_args,
+    decode_array,
+    decode_messages,
+    decode_meta,
+    decode_response,
+)
 from storage.redis_indexes import (
     AGENTS,
     IndexWrites,
@@ -52,6 +58,7 @@ from strategies.records import (
     AppendResult,
     LoadSpec,
     LogPage,
+    ResponseRef,
     SessionInfo,
     SessionKey,
     SessionMeta,
@@ -65,7 +72,7 @@ __all__ = ["SOCKET_TIMEOUT", "RedisStore"]
 
 SESSION_PARTS = (
     "meta", "msgs", "active", "users", "stubs", "tools", "summaries", "locks", "writes",
-    "media",
+    "media", "responses",
 )  # fmt: skip
 # how long a write whose reply was lost is checked for, at most (a check that times out is
 # asked again: Redis may be busy with other turns' large scripts)
@@ -146,7 +153,9 @@ class RedisStore:
         """
         now = time.time()
         stamp = repr(now).encode()  # sent three times: formatted once
-        keys = _keys(key, "meta", "msgs", "active", "users", "stubs", "tools", "writes")
+        keys = _keys(
+            key, "meta", "msgs", "active", "users", "stubs", "tools", "writes", "responses"
+        )
         index = entries(key, stamp)
         try:
             reply = await self._append(
@@ -216,6 +225,16 @@ class RedisStore:
         if not found or found[0] is None:
             return None
         return decode_messages([found[0]], [found[1]])[0]
+
+    async def find_response(self, key: SessionKey, response_id: str) -> ResponseRef | None:
+        (found,) = await self._calls.commands([("HGET", _keys(key, "responses")[0], response_id)])
+        return decode_response(response_id, found)
+
+    async def forget_response(self, key: SessionKey, response_id: str) -> bool:
+        (removed,) = await self._calls.commands(
+            [("HDEL", _keys(key, "responses")[0], response_id)]
+        )
+        return bool(removed)
 
     async def read_log(self, key: SessionKey, *, after: int = 0, limit: int = 100) -> LogPage:
         # seqs run 1..head_seq without gaps (superseded messages keep theirs)

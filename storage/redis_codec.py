@@ -10,9 +10,11 @@ from typing import Any
 import orjson
 
 from storage.codec import encode_message, message_from_body
-from strategies.records import SessionMeta, StoredMessage, TurnWrite
+from strategies.records import ResponseRef, SessionMeta, StoredMessage, TurnWrite
 
-__all__ = ["append_args", "decode_array", "decode_messages", "decode_meta"]
+__all__ = [
+    "append_args", "decode_array", "decode_messages", "decode_meta", "decode_response",
+]
 
 
 def append_args(write: TurnWrite, now: float, stamp: bytes) -> list[Any]:
@@ -40,8 +42,17 @@ def append_args(write: TurnWrite, now: float, stamp: bytes) -> list[Any]:
     args.append(len(stubs))
     for seq, stub in stubs.items():
         args += (seq, stub or "")
+    args.append(write.response_id or "")
     args.append(write.write_id)
     return args
+
+
+def decode_response(response_id: str, value: bytes | None) -> ResponseRef | None:
+    """A response's entry in its session's ``responses`` hash: first seq, last seq, time."""
+    if value is None:
+        return None
+    first, seq, created = value.split()
+    return ResponseRef(response_id, int(first), int(seq), float(created))
 
 
 def _meta_updates(write: TurnWrite) -> Iterator[tuple[str, Any]]:

@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from storage import sqlite_responses
 from storage import sqlite_sessions as sessions
 from storage import sqlite_turns as turns
 from storage.base import StoreUnavailable
@@ -40,6 +41,7 @@ from strategies.records import (
     AppendResult,
     LoadSpec,
     LogPage,
+    ResponseRef,
     SessionInfo,
     SessionKey,
     SessionSnapshot,
@@ -134,6 +136,12 @@ class SqliteStore:
         if not words or limit <= 0:
             return []
         return await self._run(turns.search, _ids(key), words, exclude, limit)
+
+    async def find_response(self, key: SessionKey, response_id: str) -> ResponseRef | None:
+        return await self._run(sqlite_responses.find, _ids(key), response_id)
+
+    async def forget_response(self, key: SessionKey, response_id: str) -> bool:
+        return await self._run(sqlite_responses.forget, _ids(key), response_id)
 
     async def set_calibration(self, key: SessionKey, value: float) -> None:
         await self._run(turns.set_calibration, _ids(key), value)

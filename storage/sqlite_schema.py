@@ -107,7 +107,12 @@ def connect(path: str) -> sqlite3.Connection:
         conn.execute("PRAGMA synchronous = NORMAL")
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         conn.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}")
-        conn.executescript(TABLES + sqlite_prompts.SCHEMA + sqlite_search.SCHEMA)
+        # (imported here: sqlite_responses builds on this module)
+        from storage.sqlite_responses import SCHEMA as RESPONSES_SCHEMA
+
+        conn.executescript(
+            TABLES + sqlite_prompts.SCHEMA + sqlite_search.SCHEMA + RESPONSES_SCHEMA
+        )
         _add_activity(conn)
         _number_sessions(conn)
         _scope_parts(conn)

@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from storage import sqlite_search
+from storage import sqlite_responses, sqlite_search
 from storage.sqlite_prompts import Ids
 from storage.sqlite_schema import KEY, SESSION, Snapshot, Transaction
 from storage.sqlite_turns import read_session
@@ -68,6 +68,7 @@ def delete_session(conn: sqlite3.Connection, ids: Ids) -> bool:
             sqlite_search.unindex(conn, stored[2])
         conn.execute(f"DELETE FROM messages WHERE {SESSION}", ids)
         conn.execute(f"DELETE FROM turn_writes WHERE {SESSION}", ids)
+        sqlite_responses.delete_session(conn, ids)
         for table in ("summaries", "locks", "system_prompts", "session_parts"):
             conn.execute(f"DELETE FROM {table} WHERE {KEY}", ids)
         existed = conn.execute(f"DELETE FROM sessions WHERE {KEY}", ids).rowcount

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from storage import sqlite_search
+from storage import sqlite_responses, sqlite_search
 from storage.codec import encode_message, message_from_body
 from storage.sqlite_prompts import Ids, SystemPrompts
 from storage.sqlite_schema import KEY, SESSION, Snapshot, Transaction, activity
@@ -186,6 +186,7 @@ def _append_rows(
             [(stub or None, sid, seq) for seq, stub in write.compressed.items()],
         )
     first = meta.head_seq + 1
+    sqlite_responses.record(conn, sid, write, first, now)
     if write.write_id:
         written_at = int(conn.execute(
             "INSERT INTO turn_writes (sid, write_id, first_seq) VALUES (?, ?, ?)",

@@ -227,6 +227,19 @@ class TurnWrite:
     # lossless compression stubs decided this turn (seq -> stub), like ``set_compressed``
     compressed: dict[int, str] | None = None
     write_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    # a Responses API response id for this write: ``Store.find_response`` finds its seqs
+    response_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseRef:
+    """Where a stored Responses API response lives in its session's log: the messages of
+    the turn write that made it run from ``first_seq`` to ``seq`` (its reply)."""
+
+    response_id: str
+    first_seq: int
+    seq: int
+    created_at: float = 0.0
 
 
 @dataclass(slots=True)

@@ -159,6 +159,7 @@ def routes() -> list[BaseRoute]:
     chat = surface_endpoint(chat_surface)
     messages = surface_endpoint(messages_surface)
     found: list[BaseRoute] = [Route(p, chat, methods=["POST"]) for p in chat_paths]
+    found += responses_routes()
     found += [Route(p, models, methods=["GET"]) for p in model_paths]
     # the Messages API (proxy/surfaces/messages.py); Anthropic's clients check their base
     # URL with a HEAD first
@@ -185,6 +186,28 @@ def routes() -> list[BaseRoute]:
         from proxy.admin.routes import admin_routes
 
         found += [Route("/admin", admin_root, methods=["GET"]), *admin_routes()]
+    return found
+
+
+def responses_routes() -> list[BaseRoute]:
+    """The Responses API (proxy/surfaces/responses.py), in the path forms of chat."""
+    from proxy.surfaces.responses import input_tokens, responses_endpoint
+    from proxy.surfaces.responses_state import (
+        delete_response,
+        get_response,
+        list_input_items,
+    )
+
+    found: list[BaseRoute] = [Route("/responses", responses_endpoint, methods=["POST"])]
+    for prefix in ("/v1", "/agents/{agent}/v1", "/agents/{agent}/sessions/{session}/v1"):
+        base = f"{prefix}/responses"
+        found += [
+            Route(base, responses_endpoint, methods=["POST"]),
+            Route(f"{base}/input_tokens", input_tokens, methods=["POST"]),
+            Route(f"{base}/{{response_id}}", get_response, methods=["GET"]),
+            Route(f"{base}/{{response_id}}", delete_response, methods=["DELETE"]),
+            Route(f"{base}/{{response_id}}/input_items", list_input_items, methods=["GET"]),
+        ]
     return found
 
 

@@ -26,17 +26,22 @@ def _text(value: Any) -> str:
 
 
 class _ToolCall:
-    __slots__ = ("arguments", "id", "name", "type")
+    __slots__ = ("arguments", "id", "name", "namespace", "type")
 
     def __init__(self, call_id: str | None, call_type: str | None) -> None:
         self.id = call_id
         self.type = call_type or "function"
         self.name: str | None = None
         self.arguments: list[str] = []
+        # a Responses API function's namespace (a translated Responses stream)
+        self.namespace: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "type": self.type,
-                "function": {"name": self.name or "", "arguments": "".join(self.arguments)}}
+        out = {"id": self.id, "type": self.type,
+               "function": {"name": self.name or "", "arguments": "".join(self.arguments)}}
+        if self.namespace:
+            out["namespace"] = self.namespace
+        return out
 
 
 class ReplyAccumulator:
@@ -47,11 +52,13 @@ class ReplyAccumulator:
     Only choice 0 is kept: with ``n > 1`` the first choice is the one stored. Tool calls
     are assembled by ``index`` (id and type from the first fragment, the name from the
     first fragment that has one, arguments concatenated). Provider extras such as
-    ``reasoning_content`` are not kept. A mid-stream ``{"error": ...}`` lands in ``error``.
+    ``reasoning_content`` are not kept. A ``native`` delta (a list of native parts, from a
+    translated Responses stream) is kept before the text in the message's content. A
+    mid-stream ``{"error": ...}`` lands in ``error``.
     """
 
-    __slots__ = ("_content", "_message", "_refusal", "_tool_calls", "error", "finish_reason",
-                 "id", "model", "usage")
+    __slots__ = ("_content", "_message", "_native", "_refusal", "_tool_calls", "error",
+                 "finish_reason", "id", "model", "usage")
 
     def __init__(self) -> None:
         self.id: str | None = None
@@ -62,6 +69,7 @@ class ReplyAccumulator:
         self._content: list[str] = []
         self._refusal: list[str] = []
         self._tool_calls: dict[int, _ToolCall] = {}
+        self._native: list[dict[str, Any]] = []
         self._message: dict[str, Any] | None = None  # set by add_response
 
     @property
@@ -113,6 +121,9 @@ class ReplyAccumulator:
                 refusal = delta.get("refusal")
                 if refusal:
                     self._refusal.append(_text(refusal))
+                native = delta.get("native")
+                if native:
+                    self._native.extend(native)
             finish_reason = choice.get("finish_reason")
             if finish_reason:
                 self.finish_reason = finish_reason
@@ -126,6 +137,7 @@ class ReplyAccumulator:
             call = calls.get(index)
             if call is None:
                 call = calls[index] = _ToolCall(delta.get("id"), delta.get("type"))
+                call.namespace = delta.get("namespace")
             elif call.id is None and delta.get("id"):
                 call.id = delta["id"]
             function = delta.get("function")
@@ -176,11 +188,14 @@ class ReplyAccumulator:
         if self._message is not None:
             return self._message
         content = "".join(self._content)
-        if not (content or self._tool_calls or self._refusal or self.complete):
+        if not (content or self._tool_calls or self._refusal or self._native or self.complete):
             return None
         message: dict[str, Any] = {"role": "assistant",
                                    "content": content if content or not self._tool_calls
                                    else None}
+        if self._native:
+            text = [{"type": "text", "text": content}] if content else []
+            message["content"] = [*self._native, *text]
         if self._tool_calls:
             message["tool_calls"] = [self._tool_calls[i].to_dict()
                                      for i in sorted(self._tool_calls)]

@@ -94,7 +94,9 @@ async def read_request(request: Request, services: Services, *, count_only: bool
     agent = str(request.path_params.get("agent") or headers.get("x-agent-id")
                 or (metadata or {}).get("agent_id") or DEFAULT_AGENT)
     api = services.agents.resolve(agent, services.overrides.get(agent)).definition.llm.api
+    native_api = uses_messages_api(api, parsed.model)
     return TurnRequest(
+        api="messages" if native_api else "chat",
         conversation=parsed.conversation,
         system=parsed.system,
         model=parsed.model,
@@ -109,7 +111,7 @@ async def read_request(request: Request, services: Services, *, count_only: bool
         retry=sync_plan.RetryHint.from_headers(headers),
         extra={
             "parsed": parsed,
-            "native": uses_messages_api(api, parsed.model),
+            "native": native_api,
             "query": str(request.url.query or ""),
             "breakpoints": cache_hints.wants_breakpoints(
                 parsed.model, services.settings.cache_breakpoints),
@@ -244,7 +246,6 @@ async def count_tokens(request: Request) -> Response:
                      [*turn_request.system, *turn_request.conversation])
         return Response(orjson.dumps({"input_tokens": tokens}), media_type="application/json")
     turn = identify_turn(services, turn_request)
-    turn.api = "messages" if native_api else "chat"
     history = incoming(turn)
     await load(services, turn, history)
     await sync(services, turn, history)

@@ -28,6 +28,7 @@ import orjson
 
 from proxy.testing.fake_upstream import (
     _JSON,
+    _SSE,
     FakeUpstream,
     Receive,
     RecordedRequest,
@@ -188,20 +189,30 @@ class FakeMessages(FakeUpstream):
         return [r for r in self.requests
                 if r.method == "POST" and r.path.rstrip("/").endswith("/messages")]
 
-    async def route(
+    async def _route(
         self, method: str, path: str, body: Any, receive: Receive, send: Send
     ) -> None:
         path = path.rstrip("/")
-        if method == "POST" and path.endswith("/messages/count_tokens"):
-            if not isinstance(body, dict):
-                await _respond(send, 400, _JSON, anthropic_error(400, "body is not JSON"))
-                return
+        if method != "POST" or not path.endswith(("/messages", "/messages/count_tokens")):
+            await super()._route(method, path, body, receive, send)
+            return
+        if not isinstance(body, dict):
+            await _respond(send, 400, _JSON, anthropic_error(400, "body is not JSON"))
+            return
+        if path.endswith("/count_tokens"):
             tokens = orjson.dumps({"input_tokens": self.count_tokens(body)})
             await _respond(send, 200, _JSON, tokens)
-        elif method == "POST" and path.endswith("/messages"):
-            if not isinstance(body, dict):
-                await _respond(send, 400, _JSON, anthropic_error(400, "body is not JSON"))
-                return
-            await self._chat(body, receive, send, _MessageReply)
-        else:
-            await super().route(method, path, body, receive, send)
+            return
+        reply = self._next_reply(body)
+        if reply.raw_body is not None:
+            headers = [(b"content-type", reply.content_type.encode())]
+            await _respond(send, reply.status, headers, reply.raw_body)
+            return
+        rendered = _MessageReply(reply, body, self.count_tokens(body))
+        stream = body.get("stream") is True
+        if not (reply.first_token_delay > 0 or reply.delay_between_chunks > 0
+                or reply.linger > 0 or reply.cut_after_chunks is not None):
+            data = b"".join(rendered.chunks(True)) if stream else rendered.completion()
+            await _respond(send, 200, _SSE if stream else _JSON, data)
+            return
+        await self._play(rendered, stream, True, receive, send)

@@ -36,7 +36,7 @@ from proxy.agents import ResolvedAgent
 from proxy.services import Services
 from proxy.surfaces.tool_calls import tool_name
 from proxy.tools import fetch_tool, history_tool
-from proxy.upstreams.base import UpstreamRequest, UpstreamResponse
+from proxy.upstreams.base import Upstream, UpstreamRequest, UpstreamResponse
 from storage.base import Store, StoreUnavailable
 from strategies.base import Window
 from strategies.records import SessionKey
@@ -178,7 +178,8 @@ def next_body(
 
 
 async def complete(
-    services: Services, offered: Offered, request: UpstreamRequest, response: UpstreamResponse
+    services: Services, offered: Offered, request: UpstreamRequest, response: UpstreamResponse,
+    upstream: Upstream | None = None,
 ) -> tuple[UpstreamResponse, dict[str, Any] | None]:
     """Answer the model's built-in calls until it replies for the client.
 
@@ -210,7 +211,9 @@ async def complete(
         messages += await answer_all(services.store, offered, builtin)
         rounds += 1
         body = next_body(request.body, messages, rounds, offered)
-        response = await services.upstream.chat(UpstreamRequest(body, request.headers))
+        response = await (upstream or services.upstream).chat(
+            UpstreamRequest(body, request.headers)
+        )
     if builtin:
         drop_builtin_calls(choice, message, offered)
     if rounds:

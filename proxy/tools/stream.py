@@ -29,7 +29,7 @@ from proxy.tools.builtin import (
     memory_usage,
     next_body,
 )
-from proxy.upstreams.base import SSEEvent, UpstreamRequest, UpstreamStream
+from proxy.upstreams.base import SSEEvent, Upstream, UpstreamRequest, UpstreamStream
 
 __all__ = ["FetchStream"]
 
@@ -65,6 +65,9 @@ class _Round:
         self.last_index: int | None = None
         self.finish_reason: str | None = None
         self.usage: Any = None
+        # native parts (a Responses upstream's reasoning items), held to the round's end:
+        # those of a hidden round go with it (their call is never stored)
+        self.natives: list[dict[str, Any]] = []
 
     @property
     def hidden(self) -> bool:
@@ -152,6 +155,7 @@ class FetchStream:
         offered: Offered,
         request: UpstreamRequest,
         first: UpstreamStream,
+        upstream: Upstream | None = None,
     ) -> None:
         self.status_code = first.status_code
         self.headers = first.headers
@@ -159,6 +163,7 @@ class FetchStream:
         self.offered = offered
         self.request = request
         self.stream = first
+        self.upstream = upstream or services.upstream
         self.rounds = 0
         self.memory_usage: dict[str, Any] | None = None
         self._events: AsyncGenerator[SSEEvent, None] | None = None
@@ -216,7 +221,7 @@ class FetchStream:
                         self.rounds)
             body = next_body(self.request.body, messages, self.rounds, self.offered)
             await self.stream.aclose()
-            self.stream = await self.services.upstream.chat_stream(
+            self.stream = await self.upstream.chat_stream(
                 UpstreamRequest(body, self.request.headers)
             )
 
@@ -266,13 +271,21 @@ class FetchStream:
             if self._continues(state):
                 choice["finish_reason"] = None
                 changed = True
-            elif state.hidden and finish == "tool_calls":
+            elif state.natives:
+                delta = choice.setdefault("delta", {})
+                delta["native"] = state.natives
+                changed = True
+            if not self._continues(state) and state.hidden and finish == "tool_calls":
                 choice["finish_reason"] = "stop"
                 changed = True
         return changed
 
     def _filter_delta(self, delta: dict[str, Any], state: _Round) -> bool:
         changed = False
+        natives = delta.pop("native", None)
+        if natives:
+            state.natives.extend(natives)
+            changed = True
         if self.rounds:
             # the client already has the role: a later round's opening adds nothing
             for name in ("role", "refusal", "content"):

@@ -18,7 +18,7 @@ from proxy.tools import builtin as builtin_tools
 from proxy.tools.stream import FetchStream
 from proxy.turn import cache_hints, prompt_cache
 from proxy.turn.state import Turn
-from proxy.upstreams.base import UpstreamRequest, UpstreamResponse, UpstreamStream
+from proxy.upstreams.base import Upstream, UpstreamRequest, UpstreamResponse, UpstreamStream
 
 
 def chat_request(
@@ -47,14 +47,17 @@ async def call(
     request: UpstreamRequest,
     offered: builtin_tools.Offered | None,
     receive: Receive | None,
+    upstream: Upstream | None = None,
 ) -> tuple[UpstreamResponse, dict[str, Any] | None]:
     """A whole reply, after any hidden built-in tool rounds; the usage to store when
-    those ran (None: the reply's own)."""
-    response = await unless_disconnected(receive, services.upstream.chat(request))
+    those ran (None: the reply's own). ``upstream``: the surface's choice (None: the
+    services' upstream)."""
+    upstream = upstream or services.upstream
+    response = await unless_disconnected(receive, upstream.chat(request))
     if offered is None:
         return response, None
     return await unless_disconnected(
-        receive, builtin_tools.complete(services, offered, request, response)
+        receive, builtin_tools.complete(services, offered, request, response, upstream)
     )
 
 
@@ -63,10 +66,12 @@ async def open_stream(
     request: UpstreamRequest,
     offered: builtin_tools.Offered | None,
     receive: Receive | None,
+    upstream: Upstream | None = None,
 ) -> UpstreamStream:
-    stream = await unless_disconnected(receive, services.upstream.chat_stream(request))
+    upstream = upstream or services.upstream
+    stream = await unless_disconnected(receive, upstream.chat_stream(request))
     if offered is not None:
-        stream = FetchStream(services, offered, request, stream)
+        stream = FetchStream(services, offered, request, stream, upstream)
     return stream
 
 

@@ -167,7 +167,7 @@ def identify_turn(services: Services, request: TurnRequest) -> Turn:
     def resolve(agent: str) -> Any:
         return services.agents.resolve(agent, services.overrides.get(agent))
 
-    identity = identify(
+    identity = request.identity or identify(
         path_params=request.path_params,
         headers=request.headers,
         body=request.options,

@@ -45,6 +45,9 @@ def reply_meta(turn: Turn, usage: dict[str, Any] | None = None) -> dict[str, Any
     cache = prompt_cache.cache_usage(usage)
     if cache is not None:
         meta[prompt_cache.CACHE_META] = cache
+    for name, extra in turn.request.reply_meta.items():
+        # a callable is given the reply's usage (the Responses surface keeps it its way)
+        meta[name] = extra(usage) if callable(extra) else extra
     return meta
 
 
@@ -96,6 +99,7 @@ async def persist_turn(
             prompt_tokens if isinstance(prompt_tokens, int) else None,
         ),
         compressed=stubs or None,
+        response_id=turn.request.response_id if reply is not None else None,
     )
     await parts.store_parts(services, turn.key, turn.blobs)
     result = await services.store.append_turn(turn.key, write)

@@ -45,7 +45,6 @@ async def serve(surface: Surface, request: Request) -> Response:
         return await pass_through(services, surface, turn_request, request, api)
 
     turn = identify_turn(services, turn_request)
-    turn.api = api.name
     history = incoming(turn)
     await load(services, turn, history)
     await sync(services, turn, history)
@@ -101,7 +100,7 @@ async def finish(
     metrics.count_turn(kind, turn.window.tokens, turn.modified)
     metrics.count_cache(kind, prompt_cache.cache_usage(usage), turn.window_meta.get("changes", ()))
     schedule_after_turn(services, turn, result, upstream_request.headers,
-                        messages_api=turn.api == "messages")
+                        messages_api=turn.request.api == "messages")
 
 
 async def pass_through(

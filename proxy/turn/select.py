@@ -34,7 +34,7 @@ async def select(services: Services, turn: Turn) -> None:
         model=model,
         capabilities=turn.agent.capabilities(model),
         current_turn_seq=messages[start].seq if messages else 0,
-        api=turn.api,
+        api=turn.request.api,
     )
     # media blocks of the current turn: new parts stored, shown ones loaded, their extra
     # tokens budgeted before the strategy selects

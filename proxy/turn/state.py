@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from proxy.turn.identity import Identity
     from proxy.turn.parts import PartBlob
     from proxy.turn.sync_plan import RetryHint, SyncPlan
+    from proxy.upstreams.base import Upstream
     from strategies.base import Strategy, Window, WindowContext
     from strategies.mapper import MappingContext
     from strategies.records import LoadSpec, SessionKey, SessionSnapshot, StoredMessage
@@ -51,6 +52,22 @@ class TurnRequest:
     retry: RetryHint | None = None
     # the surface's own per-request choices (e.g. whether the client asked for usage)
     extra: dict[str, Any] = field(default_factory=dict)
+    # a session the surface already knows (a Responses API ``previous_response_id``
+    # names its session): identify takes it as it is
+    identity: Identity | None = None
+    # the conversation continues after the stored message with this seq rather than the
+    # session's head: the active messages after it are superseded (a Responses API
+    # ``previous_response_id`` naming an earlier response forks there)
+    branch_at: int | None = None
+    # the API the window is rendered for: native parts of other APIs are left out
+    # (strategies/native.py); the upstream it is sent to (None: the services' upstream)
+    api: str = "chat"
+    upstream: Upstream | None = None
+    # a Responses API response id stored with the turn's write (Store.find_response), and
+    # what the reply's record keeps in its meta besides (a callable value is given the
+    # reply's usage)
+    response_id: str | None = None
+    reply_meta: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -62,8 +79,6 @@ class Turn:
     key: SessionKey
     agent: ResolvedAgent
     model: str
-    # the API of the upstream the turn goes to (proxy/turn/upstream_api.py)
-    api: str = "chat"
     # load
     strategy: Strategy | None = None
     spec: LoadSpec | None = None

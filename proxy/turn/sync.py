@@ -68,6 +68,10 @@ async def sync(services: Services, turn: Turn, history: Incoming) -> None:
         plan = sync_plan.plan_sync(
             mode, fingerprints, snapshot, turn.request.retry, [*earlier, *snapshot.messages]
         )
+    if turn.request.branch_at is not None and turn.request.branch_at < snapshot.meta.head_seq:
+        plan = sync_plan.branch(
+            plan, turn.request.branch_at, snapshot.meta.head_seq, len(conversation)
+        )
     stored = snapshot.messages
     if plan.rewind:
         stored = [m for m in stored if m.seq <= plan.keep_through]

@@ -200,6 +200,15 @@ def plan_sync(
     return continuing(0)
 
 
+def branch(plan: SyncPlan, keep_through: int, head_seq: int, count: int) -> SyncPlan:
+    """``plan`` made to continue from the stored message ``keep_through`` rather than the
+    head: the request's ``count`` messages are all new and the messages after it are
+    superseded (a Responses API ``previous_response_id`` naming an earlier response forks
+    the conversation there)."""
+    return SyncPlan(plan.mode, new=list(range(count)), rewind=True, keep_through=keep_through,
+                    supersede_until=head_seq, idempotency_key=plan.idempotency_key)
+
+
 def earlier_span(count: int) -> int:
     """How many seqs before the page are read for a request of ``count`` messages: its
     own length (a tail overlap) and room for a rewind a few turns back."""

@@ -111,13 +111,14 @@ class ChatApi:
         self, services: Services, request: UpstreamRequest, offered: Any,
         receive: Receive | None, turn_request: TurnRequest,
     ) -> tuple[UpstreamResponse, dict[str, Any] | None]:
-        return await forward.call(services, request, offered, receive)
+        return await forward.call(services, request, offered, receive, turn_request.upstream)
 
     async def open_stream(
         self, services: Services, request: UpstreamRequest, offered: Any,
         receive: Receive | None, turn_request: TurnRequest,
     ) -> UpstreamStream:
-        return await forward.open_stream(services, request, offered, receive)
+        return await forward.open_stream(services, request, offered, receive,
+                                         turn_request.upstream)
 
     def stream_usage(self, stream: UpstreamStream) -> dict[str, Any] | None:
         return forward.stream_usage(stream)

@@ -341,6 +341,25 @@ class OpenAIUpstream:
         response = await self._post(request, body, header_timeout, deadline)
         return OpenAIStream(response, self._chat_url, self._timeout, self.first_byte_timeout)
 
+    async def post(self, path: str, request: UpstreamRequest) -> UpstreamResponse:
+        """``POST {base_url}{path}`` with the request's body, the whole reply (another API
+        of the same upstream: the Responses API's ``/responses``)."""
+        url = self.base_url + path
+        deadline = asyncio.get_running_loop().time() + self._timeout
+        response = await self._post(
+            request, request.body, _min(self._timeout, self.first_byte_timeout), deadline, url
+        )
+        data = await self._read(response, url, self._remaining(deadline))
+        return UpstreamResponse(response.status, data, _headers_of(response))
+
+    async def post_stream(self, path: str, request: UpstreamRequest) -> OpenAIStream:
+        """``POST {base_url}{path}`` answered with server-sent events."""
+        url = self.base_url + path
+        header_timeout = _min(self._timeout, self.first_byte_timeout)
+        deadline = asyncio.get_running_loop().time() + self._timeout
+        response = await self._post(request, request.body, header_timeout, deadline, url)
+        return OpenAIStream(response, url, self._timeout, self.first_byte_timeout)
+
     async def models(self, headers: dict[str, str]) -> UpstreamResponse:
         url = self._models_url
         response = await self._request(

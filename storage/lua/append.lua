@@ -1,8 +1,9 @@
--- One turn's write. KEYS: meta, msgs, active, users, stubs, tools, writes
+-- One turn's write. KEYS: meta, msgs, active, users, stubs, tools, writes, responses
 -- ARGV: now, count, supersede_after ('' = none), supersede_until ('' = head),
 --       nfields, (meta field, value) * nfields,
 --       (fingerprint, role, tool_call_id, stub, body) * count,
 --       nstubs, (seq, stub or '' to clear) * nstubs,  -- compression stubs of older messages
+--       response id ('' = none: a Responses API id naming this write's seqs),
 --       write id ('' = none)
 -- body is the message JSON without seq and chain; it always starts with '{"'.
 -- Returns {first seq, superseded count, meta (values of META)}. A write id already applied
@@ -88,4 +89,8 @@ for i = 1, nfields do
 end
 redis.call('HSET', meta, unpack(fields))
 if write_id ~= '' then remember_write(KEYS[7], write_id, first) end
+local response_id = ARGV[#ARGV - 1]
+if response_id ~= '' and count > 0 then
+  redis.call('HSET', KEYS[8], response_id, first .. ' ' .. head .. ' ' .. now)
+end
 return {first, superseded, redis.call('HMGET', meta, unpack(META))}
