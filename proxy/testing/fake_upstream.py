@@ -176,6 +176,7 @@ class RecordedRequest:
     raw: bytes = b""
     client: tuple[str, int] | None = None  # the peer address: tells connections apart
     received_at: float = field(default_factory=time.monotonic)
+    query: str = ""  # the query string, as sent
 
 
 def count_tokens_roughly(body: dict[str, Any]) -> int:
@@ -426,7 +427,8 @@ class FakeUpstream:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         with self._lock:
             self._requests.append(
-                RecordedRequest(method, path, headers, body, raw, _client(scope)))
+                RecordedRequest(method, path, headers, body, raw, _client(scope),
+                                query=scope.get("query_string", b"").decode("latin-1")))
         await self._route(method, path, body, receive, send)
 
     async def _route(
