@@ -20,12 +20,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import itertools
-import re
 from dataclasses import dataclass, fields
 from typing import Any
 
 import orjson
 
+from proxy.testing.fake_replies import WORDS
 from proxy.testing.fake_upstream import (
     _JSON,
     _SSE,
@@ -40,7 +40,6 @@ from proxy.testing.fake_upstream import (
 __all__ = ["FakeMessages", "Thought", "anthropic_error", "thinking"]
 
 _ids = itertools.count(1)
-_WORDS = re.compile(r"\s*\S+\s*")
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                403: "permission_error", 404: "not_found_error", 413: "request_too_large",
                429: "rate_limit_error", 500: "api_error", 529: "overloaded_error"}
@@ -141,7 +140,7 @@ class _MessageReply:
                     "type": "thinking", "thinking": "", "signature": ""}}))
                 out.extend(_event("content_block_delta", {"index": index, "delta": {
                     "type": "thinking_delta", "thinking": piece}})
-                    for piece in _WORDS.findall(block["thinking"]))
+                    for piece in WORDS.findall(block["thinking"]))
                 out.append(_event("content_block_delta", {"index": index, "delta": {
                     "type": "signature_delta", "signature": block["signature"]}}))
             elif kind == "text":
@@ -151,7 +150,7 @@ class _MessageReply:
                     out.append(_event("ping", {}))
                 out.extend(_event("content_block_delta", {"index": index, "delta": {
                     "type": "text_delta", "text": piece}})
-                    for piece in _WORDS.findall(block["text"]))
+                    for piece in WORDS.findall(block["text"]))
             else:
                 out.append(_event("content_block_start", {"index": index, "content_block": {
                     **block, "input": {}}}))

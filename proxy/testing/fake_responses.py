@@ -22,10 +22,10 @@ from typing import Any
 
 import orjson
 
+from proxy.testing.fake_replies import WORDS
 from proxy.testing.fake_upstream import (
     _JSON,
     _SSE,
-    _WORDS,
     FakeUpstream,
     Receive,
     Reply,
@@ -144,7 +144,7 @@ class _ResponsesReply:
                 event("response.content_part.added", item_id=item["id"], output_index=index,
                       content_index=0, part=part)
                 text = item["content"][0]["text"]
-                for piece in _WORDS.findall(text):
+                for piece in WORDS.findall(text):
                     event("response.output_text.delta", item_id=item["id"],
                           output_index=index, content_index=0, delta=piece)
                 event("response.output_text.done", item_id=item["id"], output_index=index,

@@ -16,7 +16,7 @@ from proxy.surfaces.messages_translate import (
     normalized_reply,
 )
 from proxy.testing.fake_messages import _MessageReply, thinking
-from proxy.testing.fake_upstream import Reply, _Reply
+from proxy.testing.fake_replies import RenderedReply, Reply
 from proxy.turn.history_sync import fingerprint
 from proxy.upstreams.sse import parse_sse
 from strategies import native
@@ -98,7 +98,7 @@ def test_a_request_becomes_a_chat_completion_request():
 
 
 def test_a_completion_becomes_a_message():
-    completion = orjson.loads(_Reply(Reply.tool_calls(
+    completion = orjson.loads(RenderedReply(Reply.tool_calls(
         [{"id": "call_9", "name": "Bash", "arguments": {"command": "ls"}}], content="Sure."),
         {"model": "gpt-4o"}, 40).completion())
     message = message_from_completion(completion, "claude-sonnet-4-5")
@@ -110,7 +110,7 @@ def test_a_completion_becomes_a_message():
 
 
 def test_chunks_become_anthropics_event_sequence():
-    chunks = _Reply(Reply.tool_calls([{"id": "call_9", "name": "Bash",
+    chunks = RenderedReply(Reply.tool_calls([{"id": "call_9", "name": "Bash",
                                        "arguments": {"command": "ls -la /tmp"}}],
                                      content="Running it."), {"model": "gpt-4o"}, 40
                     ).chunks(True)
