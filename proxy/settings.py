@@ -17,6 +17,10 @@ class Settings(BaseSettings):
     store_url: str = "sqlite:///.memory-proxy/memory.db"
     upstream_url: str = "https://api.openai.com/v1"
     upstream_api_key: SecretStr | None = None
+    # Anthropic's Messages API (or any server that speaks it): a Messages request for a
+    # Claude model goes there (docs/SURFACES.md); its key replaces the client's when set
+    anthropic_url: str = "https://api.anthropic.com"
+    anthropic_api_key: SecretStr | None = None
     agents_dir: Path = Path("agent-definitions")
     admin_token: SecretStr | None = None
     host: str = "127.0.0.1"
@@ -85,6 +89,9 @@ class Settings(BaseSettings):
 
     def upstream_key(self) -> str | None:
         return self.upstream_api_key.get_secret_value() if self.upstream_api_key else None
+
+    def anthropic_key(self) -> str | None:
+        return self.anthropic_api_key.get_secret_value() if self.anthropic_api_key else None
 
     def admin_secret(self) -> str | None:
         return self.admin_token.get_secret_value() if self.admin_token else None

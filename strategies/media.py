@@ -15,7 +15,8 @@ Otherwise it becomes one placeholder line naming the part::
 
 (``content unavailable`` instead when the part store no longer has the bytes). A remote
 ``http(s)`` image is passed through unchanged when shown: the provider fetches it, never
-the proxy. Only user messages carry blocks (OpenAI accepts media in user messages only).
+the proxy. Only user messages carry blocks (OpenAI accepts media in user messages only);
+rendered for Anthropic's Messages API, tool results too (``BLOCK_ROLES``).
 
 Attachment notice: a user message that holds media parts, or whose metadata announced
 attachments (``meta["attachments"]``), starts with one line listing them, in every
@@ -214,9 +215,16 @@ def attachment_notice(message: StoredMessage) -> str | None:
     return "[Attachments: " + ", ".join(entries) + "]"
 
 
+# the roles whose messages may carry media blocks, by the API rendered for (OpenAI's chat
+# takes media in user messages only; Anthropic's tool results hold images and documents)
+BLOCK_ROLES = {"messages": ("user", "tool")}
+
+
 def shown_kinds(message: StoredMessage, context: MappingContext) -> frozenset[str]:
     """The media kinds this message may carry as blocks in ``context``."""
-    if message.role != "user" or message.seq < context.current_turn_seq:
+    if message.seq < context.current_turn_seq or message.role not in BLOCK_ROLES.get(
+        context.api, ("user",)
+    ):
         return frozenset()
     return context.capabilities
 

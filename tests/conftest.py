@@ -17,13 +17,44 @@ import pytest
 from e2e import ADMIN_TOKEN, RunningProxy
 from redis_cluster import RedisCluster
 from redis_server import RedisServer, flush_redis
-from servers import ThreadedServer
+from servers import AppHosts
 
 from proxy.http.app import create_app
 from proxy.settings import Settings
 from proxy.testing.fake_upstream import FakeUpstream
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+
+def _share_the_default_tls_context() -> None:
+    """Every httpx client (the openai SDK's, on httpx or its fork httpx2) builds a TLS
+    context from a CA bundle, about 20 ms each, though the suite speaks plain HTTP on
+    loopback: clients made with the default ``verify`` share one per bundle. Any other
+    ``verify``/``cert`` builds its own as before."""
+    import importlib
+
+    for name in ("httpx._transports.default", "httpx2._transports.default"):
+        try:
+            transports = importlib.import_module(name)
+        except ImportError:
+            continue
+        build = transports.create_ssl_context
+        shared: dict[tuple[str | None, str | None], Any] = {}
+
+        def create_ssl_context(verify: Any = True, cert: Any = None, trust_env: bool = True,
+                               *, build: Any = build, shared: dict[Any, Any] = shared) -> Any:
+            if verify is not True or cert is not None:
+                return build(verify, cert, trust_env)
+            bundle = (os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR")) \
+                if trust_env else (None, None)
+            if bundle not in shared:
+                shared[bundle] = build(verify, cert, trust_env)
+            return shared[bundle]
+
+        transports.create_ssl_context = create_ssl_context
+
+
+_share_the_default_tls_context()
 
 _real_connect = socket.socket.connect
 _real_connect_ex = socket.socket.connect_ex
@@ -94,10 +125,27 @@ def redis_cluster() -> Iterator[RedisCluster]:
 # either store). Folders with other needs (tests/admin) override them by name.
 
 
-@pytest.fixture
-def fake() -> Iterator[FakeUpstream]:
+@pytest.fixture(scope="session")
+def app_hosts() -> Iterator[AppHosts]:
+    """Loopback servers shared by the session's tests: a test mounts its own app on one."""
+    hosts = AppHosts()
+    yield hosts
+    hosts.close()
+
+
+@pytest.fixture(scope="module")
+def fake_upstream() -> Iterator[FakeUpstream]:
+    """The module's one fake upstream; tests reach it through ``fake`` (reset for each)."""
     with FakeUpstream.running() as upstream:
         yield upstream
+
+
+@pytest.fixture
+def fake(fake_upstream: FakeUpstream) -> FakeUpstream:
+    """The module's fake upstream, as new: no script, no records, the default replies.
+    A module needing other defaults overrides this with ``fake_upstream.reset(...)``."""
+    fake_upstream.reset()
+    return fake_upstream
 
 
 @pytest.fixture(params=["sqlite", "redis"])
@@ -118,28 +166,32 @@ def agents_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def make_proxy(
-    fake: FakeUpstream, store_url: str, agents_dir: Path
+    fake: FakeUpstream, store_url: str, agents_dir: Path, app_hosts: AppHosts
 ) -> Iterator[Callable[..., RunningProxy]]:
     running: list[RunningProxy] = []
 
     def make(**overrides: Any) -> RunningProxy:
+        upstream_url = overrides.pop("upstream_url", fake.url)
         settings = Settings(
             store_url=overrides.pop("store_url", store_url),
-            upstream_url=overrides.pop("upstream_url", fake.url),
+            upstream_url=upstream_url,
             agents_dir=overrides.pop("agents_dir", agents_dir),
             admin_token=overrides.pop("admin_token", ADMIN_TOKEN),
+            # a plain-HTTP upstream needs no TLS context (building one takes 20 ms)
+            upstream_tls_verify=overrides.pop(
+                "upstream_tls_verify", not upstream_url.startswith("http://")),
             **overrides,
         )
         app = create_app(settings)
-        server = ThreadedServer(app).start()
-        proxy = RunningProxy(server, app.state.services)
+        proxy = RunningProxy(app_hosts.borrow(app), app.state.services)
         running.append(proxy)
         return proxy
 
     yield make
+    fake.release()  # a held reply would keep the proxy's shutdown waiting
     for proxy in running:
         proxy.close_clients()
-        proxy.server.stop()
+        app_hosts.give_back(proxy.server)
 
 
 @pytest.fixture

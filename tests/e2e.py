@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import openai
-from servers import ThreadedServer
+from servers import AppHost
 
 from proxy.services import Services
 from strategies.records import LoadSpec, SessionKey, SessionSnapshot, StoredMessage
@@ -17,9 +19,10 @@ CLIENT_KEY = "sk-client-key-1"
 
 
 class RunningProxy:
-    """A proxy served on loopback, with helpers to look into its store."""
+    """A proxy served on loopback (on a shared ``AppHost``), with helpers to look into its
+    store."""
 
-    def __init__(self, server: ThreadedServer, services: Services) -> None:
+    def __init__(self, server: AppHost, services: Services) -> None:
         self.server = server
         self.services = services
         # closed at teardown: a client left to the cyclic GC may have its socket finalized
@@ -70,3 +73,18 @@ class RunningProxy:
 
 def write_agent(directory: Path, name: str, **definition: Any) -> None:
     (directory / f"{name}.json").write_text(json.dumps({"name": name, **definition}))
+
+
+def wait_for(condition: Callable[[], object], *, timeout: float = 10.0, fail: bool = True
+             ) -> bool:
+    """Wait until ``condition()`` holds, checking every 10 ms: True as soon as it does. At
+    the deadline, an ``AssertionError`` (or False, with ``fail=False``: for "this does not
+    happen within ``timeout``")."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() >= deadline:
+            if fail:
+                raise AssertionError(f"not within {timeout} s: {condition}")
+            return False
+        time.sleep(0.01)
+    return True

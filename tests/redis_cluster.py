@@ -51,6 +51,9 @@ class ClusterNode(RedisServer):
             # a replica whose link to its master is stale still takes over (a test kills
             # the master under load; the default 10 x node-timeout would do too)
             "--cluster-replica-validity-factor", "0",
+            # a replica's first sync starts at once (the default waits 5 s for more
+            # replicas to join the same transfer)
+            "--repl-diskless-sync-delay", "0",
         ]  # fmt: skip
 
     def cli(self, *args: str) -> Any:

@@ -27,9 +27,11 @@ def live_tokens(turn: Turn, calibration: float) -> int:
 
 
 def schedule_after_turn(
-    services: Services, turn: Turn, result: AppendResult, headers: dict[str, str]
+    services: Services, turn: Turn, result: AppendResult, headers: dict[str, str],
+    *, messages_api: bool = False,
 ) -> SummarizePlan | None:
-    services.remember_credentials(turn.key, headers)
+    """``messages_api``: the turn went to the Messages upstream (so do its summaries)."""
+    services.remember_credentials(turn.key, headers, messages_api=messages_api)
     assert turn.strategy is not None and turn.window is not None
     assert turn.context is not None and turn.snapshot is not None
     if not turn.strategy.plans_after_turn(turn.agent.config):

@@ -174,7 +174,7 @@ async def summarize_on_prefix(
         raise SummarizerError("summarizer call budget for this session is spent for now")
     cache_hints.for_session(body, key, services.settings)
     try:
-        response = await services.upstream.chat(UpstreamRequest(body, headers))
+        response = await services.summary_upstream(key).chat(UpstreamRequest(body, headers))
     except ProxyError as exc:
         raise SummarizerError(f"summarizer call failed: {exc.message}") from exc
     return summary_text(response.body)
@@ -229,7 +229,7 @@ async def summarize_chunks(
         cache_hints.for_session(body, key, services.settings)
         try:
             try:
-                response = await services.upstream.chat(UpstreamRequest(body, headers))
+                response = await services.summary_upstream(key).chat(UpstreamRequest(body, headers))
             except ProxyError as exc:
                 raise SummarizerError(f"summarizer call failed: {exc.message}") from exc
             text = summary_text(response.body)

@@ -32,6 +32,7 @@ from proxy.services import Services
 from proxy.settings import Settings
 from proxy.surfaces.base import Surface
 from proxy.surfaces.chat import chat_surface, forwarded_headers
+from proxy.surfaces.messages import count_tokens, messages_surface
 from proxy.turn.pipeline import serve
 from proxy.upstreams.base import Upstream, header_secrets
 from storage.base import Store
@@ -92,6 +93,11 @@ def build_upstream(settings: Settings) -> Upstream:
     )
 
 
+async def base_url_check(request: Request) -> Response:
+    """``HEAD`` on a base URL (Claude Code checks it is reachable before its first call)."""
+    return Response(status_code=200)
+
+
 async def health(request: Request) -> Response:
     return json_response({"status": "ok"})
 
@@ -149,10 +155,18 @@ def routes() -> list[BaseRoute]:
         "/agents/{agent}/v1/models",
         "/agents/{agent}/sessions/{session}/v1/models",
     ]
+    bases = ["", "/agents/{agent}", "/agents/{agent}/sessions/{session}"]
     chat = surface_endpoint(chat_surface)
+    messages = surface_endpoint(messages_surface)
     found: list[BaseRoute] = [Route(p, chat, methods=["POST"]) for p in chat_paths]
     found += responses_routes()
     found += [Route(p, models, methods=["GET"]) for p in model_paths]
+    # the Messages API (proxy/surfaces/messages.py); Anthropic's clients check their base
+    # URL with a HEAD first
+    found += [Route(b + "/v1/messages", messages, methods=["POST"]) for b in bases]
+    found += [Route(b + "/v1/messages/count_tokens", count_tokens, methods=["POST"])
+              for b in bases]
+    found += [Route(b or "/", base_url_check, methods=["HEAD"]) for b in bases]
     found += [
         Route("/health", health, methods=["GET"]),
         Route("/ready", ready, methods=["GET"]),
@@ -254,6 +268,8 @@ def create_app(
         finally:
             await services.drain()
             await services.upstream.close()
+            if services.messages_upstream is not None:
+                await services.messages_upstream.close()
             await services.store.close()
 
     app = Starlette(

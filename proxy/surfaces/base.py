@@ -6,7 +6,11 @@ adapter around the one pipeline (proxy/turn/pipeline.py). It
 - parses its HTTP request into a ``TurnRequest`` (the conversation as chat-format
   messages, the system prompt, model, tools, stream flag, options, identity hints);
 - renders the selected window (chat messages, ``Turn.messages``) into the upstream's
-  request body for the upstream's API (``api``: ``"chat"`` today);
+  request body for the upstream's API (``api``: ``"chat"``, or ``"messages"`` for
+  Anthropic's); a surface whose requests may go to another API than chat completions
+  names it per request (optional ``upstream_api(request) -> UpstreamApi``,
+  proxy/turn/upstream_api.py), and one that keeps state for one request (a stream's
+  translation) returns a per-request copy of itself from optional ``bind(request)``;
 - renders the upstream's reply back in its own shape: a whole body (``reply``), or a
   stream one upstream event at a time (``stream_event``) closed by its final event
   (``stream_end``) or an error event (``stream_error``);
@@ -45,10 +49,12 @@ class Surface(Protocol):
         """``exc`` as a JSON body in the surface's error shape."""
 
     def upstream_body(
-        self, request: TurnRequest, messages: list[dict[str, Any]] | None, api: str
+        self, request: TurnRequest, messages: list[dict[str, Any]] | None, api: str,
+        turn: Turn | None = None,
     ) -> dict[str, Any]:
         """The body to send to an upstream of API ``api`` with the window ``messages``
-        (None: the request forwarded as it came, memory off)."""
+        (None: the request forwarded as it came, memory off); ``turn``: the turn whose
+        window they are (its records, the prefix changes)."""
 
     def reply(
         self, turn: Turn | None, response: UpstreamResponse, headers: dict[str, str]

@@ -104,7 +104,8 @@ class ChatSurface:
         return exc.body()
 
     def upstream_body(
-        self, request: TurnRequest, messages: list[dict[str, Any]] | None, api: str
+        self, request: TurnRequest, messages: list[dict[str, Any]] | None, api: str,
+        turn: Turn | None = None,
     ) -> dict[str, Any]:
         if api != "chat":
             raise NotImplementedError(f"the chat surface renders for a chat upstream, not {api}")

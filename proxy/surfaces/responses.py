@@ -206,7 +206,8 @@ class ResponsesSurface:
         return exc.body()
 
     def upstream_body(
-        self, request: TurnRequest, messages: list[dict[str, Any]] | None, api: str
+        self, request: TurnRequest, messages: list[dict[str, Any]] | None, api: str,
+        turn: Turn | None = None,
     ) -> dict[str, Any]:
         if api != "chat":
             raise NotImplementedError(f"the Responses surface renders for chat, not {api}")

@@ -60,6 +60,11 @@ class ResponsesRequest:
         for name in ("tools", "include"):
             if body.get(name) is not None and not isinstance(body[name], list):
                 raise BadRequest(f"'{name}' must be an array", param=name)
+        for index, tool in enumerate(body.get("tools") or ()):
+            if not isinstance(tool, dict) or not isinstance(tool.get("type"), str):
+                raise BadRequest(
+                    "each tool must be an object with a string 'type'", param=f"tools[{index}]"
+                )
         for name in ("text", "reasoning", "metadata"):
             if body.get(name) is not None and not isinstance(body[name], dict):
                 raise BadRequest(f"'{name}' must be an object", param=name)

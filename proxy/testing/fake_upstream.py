@@ -99,16 +99,25 @@ class Reply:
     delay_between_chunks: float = 0.0
     cut_after_chunks: int | None = None
     linger: float = 0.0  # seconds a stream stays open after `data: [DONE]`
+    until: threading.Event | None = None  # the reply waits for this event (``Reply.text``)
+
+    @property
+    def held(self) -> bool:
+        return self.until is not None and not self.until.is_set()
 
     @classmethod
     def text(
         cls, text: str, *, delay_between_chunks: float = 0.0, first_token_delay: float = 0.0,
         finish_reason: str = "stop", usage: dict[str, int] | None = None, linger: float = 0.0,
+        until: threading.Event | None = None,
     ) -> Reply:
-        """Assistant text; streamed one word per chunk."""
+        """Assistant text; streamed one word per chunk. With ``until``, the reply waits
+        until the test sets that event (a stream sends its headers and role event first, a
+        completion its headers): a reply "still being written" for as long as the test
+        needs, with no fixed delay (``FakeUpstream.release`` frees all)."""
         return cls(content=text, finish_reason=finish_reason, usage=usage,
                    first_token_delay=first_token_delay,
-                   delay_between_chunks=delay_between_chunks, linger=linger)
+                   delay_between_chunks=delay_between_chunks, linger=linger, until=until)
 
     @classmethod
     def tool_calls(
@@ -167,6 +176,7 @@ class RecordedRequest:
     raw: bytes = b""
     client: tuple[str, int] | None = None  # the peer address: tells connections apart
     received_at: float = field(default_factory=time.monotonic)
+    query: str = ""  # the query string, as sent
 
 
 def count_tokens_roughly(body: dict[str, Any]) -> int:
@@ -304,12 +314,16 @@ class FakeUpstream:
         self.models_list = list(models)
         self.default_reply = default_reply
         self.count_tokens = count_tokens
+        self._defaults = (default_reply, count_tokens)
         self.host = host
         self.port = port
         self.disconnected = threading.Event()  # set at every client disconnect mid-reply
         self._lock = threading.Lock()
+        self._settled = threading.Condition(self._lock)  # notified when no request is in flight
+        self._in_flight = 0
         self._requests: deque[RecordedRequest] = deque(maxlen=max_records)
         self._script: deque[Reply] = deque()
+        self._gates: list[threading.Event] = []  # the ``until`` events of replies served
         self._disconnects = 0
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -328,12 +342,34 @@ class FakeUpstream:
         with self._lock:
             self._script.extend(replies)
 
-    def reset(self) -> None:
-        """Forget the script, the recorded requests and the disconnects."""
+    def release(self) -> None:
+        """Set the ``until`` event of every reply served or queued: nothing stays held
+        (a test that failed while a reply was held must not hang the proxy's shutdown)."""
         with self._lock:
+            gates = [*self._gates, *(r.until for r in self._script if r.until is not None)]
+            self._gates.clear()
+        for gate in gates:
+            gate.set()
+
+    def reset(
+        self,
+        *,
+        default_reply: Callable[[dict[str, Any]], Reply] | None = None,
+        count_tokens: Callable[[dict[str, Any]], int] | None = None,
+        timeout: float = 15.0,
+    ) -> None:
+        """Make a running fake as new, for the next test: wait (up to ``timeout``) for the
+        replies still in flight, then forget the script, the recorded requests and the
+        disconnects; ``default_reply`` and ``count_tokens`` go back to the constructor's
+        unless given here."""
+        self.release()
+        with self._settled:
+            self._settled.wait_for(lambda: self._in_flight == 0, timeout)
             self._script.clear()
             self._requests.clear()
             self._disconnects = 0
+            self.default_reply = default_reply or self._defaults[0]
+            self.count_tokens = count_tokens or self._defaults[1]
         self.disconnected.clear()
 
     @property
@@ -363,6 +399,17 @@ class FakeUpstream:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
+        with self._lock:
+            self._in_flight += 1
+        try:
+            await self._handle(scope, receive, send)
+        finally:
+            with self._settled:
+                self._in_flight -= 1
+                if not self._in_flight:
+                    self._settled.notify_all()
+
+    async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         chunks = []
         more = True
         while more:
@@ -380,7 +427,8 @@ class FakeUpstream:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         with self._lock:
             self._requests.append(
-                RecordedRequest(method, path, headers, body, raw, _client(scope)))
+                RecordedRequest(method, path, headers, body, raw, _client(scope),
+                                query=scope.get("query_string", b"").decode("latin-1")))
         await self._route(method, path, body, receive, send)
 
     async def _route(
@@ -409,8 +457,11 @@ class FakeUpstream:
             headers = [(b"content-type", reply.content_type.encode())]
             await _respond(send, reply.status, headers, reply.raw_body)
             return
+        if reply.until is not None:
+            with self._lock:
+                self._gates.append(reply.until)
         if not (reply.first_token_delay > 0 or reply.delay_between_chunks > 0
-                or reply.linger > 0 or reply.cut_after_chunks is not None):
+                or reply.linger > 0 or reply.cut_after_chunks is not None or reply.held):
             # instant: one write, no disconnect watcher (the benchmarks' common case)
             stream, data = instant_reply(reply, body, self.count_tokens(body))
             await _respond(send, 200, _SSE if stream else _JSON, data)
@@ -442,7 +493,8 @@ class FakeUpstream:
     async def _complete_slowly(self, rendered: Rendered, gone: asyncio.Event, send: Send) -> None:
         data = rendered.completion()
         reply = rendered.reply
-        if await _sleep_unless(gone, reply.first_token_delay):
+        if await _hold_unless(gone, reply.until) or await _sleep_unless(
+                gone, reply.first_token_delay):
             return
         if reply.cut_after_chunks is not None:
             await send({"type": "http.response.start", "status": 200,
@@ -460,7 +512,12 @@ class FakeUpstream:
         await send({"type": "http.response.start", "status": 200, "headers": _SSE})
         if reply.cut_after_chunks is not None:
             events = events[: reply.cut_after_chunks]
-        if await _sleep_unless(gone, reply.first_token_delay):
+        if reply.held and events:
+            # the role event goes at once, as a model's first event does; the rest waits
+            await send({"type": "http.response.body", "body": events[0], "more_body": True})
+            events = events[1:]
+        if await _hold_unless(gone, reply.until) or await _sleep_unless(
+                gone, reply.first_token_delay):
             return
         if reply.delay_between_chunks <= 0:
             await send({"type": "http.response.body", "body": b"".join(events),
@@ -539,6 +596,15 @@ async def _watch_disconnect(receive: Receive, gone: asyncio.Event) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
     gone.set()
+
+
+async def _hold_unless(gone: asyncio.Event, until: threading.Event | None) -> bool:
+    """Wait until ``until`` is set; True (at once) if the client disconnects meanwhile."""
+    while until is not None and not until.is_set():
+        if gone.is_set():
+            return True
+        await asyncio.sleep(0.005)
+    return gone.is_set()
 
 
 async def _sleep_unless(gone: asyncio.Event, delay: float) -> bool:

@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from strategies.summary_prompt import is_summary_message
@@ -27,7 +27,7 @@ ANTHROPIC_PREFIXES = ("anthropic/",)
 
 
 def anthropic_breakpoints(
-    messages: Sequence[dict[str, Any]], changed_at: int | None = None
+    messages: Sequence[Mapping[str, Any]], changed_at: int | None = None
 ) -> list[int]:
     """Indices of the messages that end a stable stretch, ascending: the last leading
     system message, the summary message right after it (if any), the message before

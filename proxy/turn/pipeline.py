@@ -20,8 +20,7 @@ from proxy.background.after_turn import schedule_after_turn
 from proxy.http.responses import SERVER_ERROR, SSEResponse
 from proxy.services import Services
 from proxy.surfaces.base import Surface
-from proxy.surfaces.chat_reply import ReplyAccumulator, completion_of
-from proxy.turn import forward, prompt_cache
+from proxy.turn import prompt_cache
 from proxy.turn.identity import identify_turn
 from proxy.turn.load import load
 from proxy.turn.persist import persist_turn
@@ -30,18 +29,20 @@ from proxy.turn.render import render
 from proxy.turn.select import select
 from proxy.turn.state import Turn, TurnRequest
 from proxy.turn.sync import incoming, sync
+from proxy.turn.upstream_api import UpstreamApi, upstream_api_of
 from proxy.upstreams.base import UpstreamRequest
-
-# the API of the upstream the turn is sent to (the only one so far)
-UPSTREAM_API = "chat"
 
 
 async def serve(surface: Surface, request: Request) -> Response:
     services: Services = request.app.state.services
     request.state.surface = surface  # errors take the surface's shape
     turn_request = await surface.parse(request, services)
+    bind = getattr(surface, "bind", None)
+    if bind is not None:  # a surface that keeps state for one request (a stream's)
+        surface = request.state.surface = bind(turn_request)
+    api = upstream_api_of(surface, turn_request)
     if turn_request.memory_off:
-        return await pass_through(services, surface, turn_request, request)
+        return await pass_through(services, surface, turn_request, request, api)
 
     turn = identify_turn(services, turn_request)
     history = incoming(turn)
@@ -49,18 +50,17 @@ async def serve(surface: Surface, request: Request) -> Response:
     await sync(services, turn, history)
     await select(services, turn)
     render(services, turn)
-    body = surface.upstream_body(turn_request, turn.messages, UPSTREAM_API)
-    upstream_request, offered = forward.chat_request(services, turn, body)
+    body = surface.upstream_body(turn_request, turn.messages, api.name, turn)
+    upstream_request, offered = api.request(services, turn, body)
 
     if not turn_request.stream:
-        response, usage = await forward.call(
-            services, upstream_request, offered, request.receive, turn_request.upstream
+        response, usage = await api.call(
+            services, upstream_request, offered, request.receive, turn_request
         )
-        accumulator = ReplyAccumulator()
-        # a 200 that is not a completion is the upstream's error, and nothing is stored
-        accumulator.add_response(completion_of(response.body))
-        reply = accumulator.message()
-        usage = usage or accumulator.usage
+        reader = api.reader()
+        reader.add_whole(response.body)
+        reply = reader.reply()
+        usage = usage or reader.usage
         await finish(services, turn, reply, usage, upstream_request)
         headers = turn.headers
         cache = prompt_cache.cache_usage(usage)
@@ -70,16 +70,16 @@ async def serve(surface: Surface, request: Request) -> Response:
             headers["x-memory-cached-tokens"] = str(cache["cached"])
         return surface.reply(turn, response, headers)
 
-    stream = await forward.open_stream(
-        services, upstream_request, offered, request.receive, turn_request.upstream
+    stream = await api.open_stream(
+        services, upstream_request, offered, request.receive, turn_request
     )
 
     async def stored(reply: dict[str, Any], usage: dict[str, Any] | None) -> None:
-        await finish(services, turn, reply, forward.stream_usage(stream) or usage,
+        await finish(services, turn, reply, api.stream_usage(stream) or usage,
                      upstream_request)
 
     return SSEResponse(
-        relay(surface, stream, turn, stored),
+        relay(surface, stream, turn, stored, api.reader()),
         headers=turn.headers,
         error_event=surface.stream_error(SERVER_ERROR),
         media_type=surface.stream_media_type,
@@ -99,23 +99,23 @@ async def finish(
     assert turn.window is not None
     metrics.count_turn(kind, turn.window.tokens, turn.modified)
     metrics.count_cache(kind, prompt_cache.cache_usage(usage), turn.window_meta.get("changes", ()))
-    schedule_after_turn(services, turn, result, upstream_request.headers)
+    schedule_after_turn(services, turn, result, upstream_request.headers,
+                        messages_api=turn.request.api == "messages")
 
 
 async def pass_through(
-    services: Services, surface: Surface, turn_request: TurnRequest, request: Request
+    services: Services, surface: Surface, turn_request: TurnRequest, request: Request,
+    api: UpstreamApi,
 ) -> Response:
     """``X-Memory: off``: the request forwarded as it came; nothing loaded or stored."""
-    body = surface.upstream_body(turn_request, None, UPSTREAM_API)
+    body = surface.upstream_body(turn_request, None, api.name)
     upstream_request = UpstreamRequest(body, turn_request.forwarded)
     if not turn_request.stream:
-        response, _ = await forward.call(
-            services, upstream_request, None, request.receive, turn_request.upstream
-        )
+        response, _ = await api.call(services, upstream_request, None, request.receive,
+                                     turn_request)
         return surface.reply(None, response, {})
-    stream = await forward.open_stream(
-        services, upstream_request, None, request.receive, turn_request.upstream
-    )
+    stream = await api.open_stream(services, upstream_request, None, request.receive,
+                                   turn_request)
     return SSEResponse(
         relay(surface, stream, None),
         error_event=surface.stream_error(SERVER_ERROR),

@@ -1,6 +1,6 @@
 """The relay step for a streamed reply: upstream events go to the client as they arrive
 (those one read brought, in one write), rendered by the surface, while the reply record
-is rebuilt from the chat chunks (proxy/surfaces/chat_reply.py). The turn is stored
+is rebuilt from the upstream API's events (proxy/turn/upstream_api.py). The turn is stored
 (``finish``) before the surface's final event, so a client that saw it can count on the
 turn being stored; a failure ends the stream with the surface's error event instead.
 """
@@ -13,8 +13,9 @@ from typing import Any
 
 from proxy.errors import UpstreamCut, UpstreamReplyError, as_proxy_error
 from proxy.surfaces.base import Surface
-from proxy.surfaces.chat_reply import NOT_A_COMPLETION, ReplyAccumulator, add_stream_event
+from proxy.surfaces.chat_reply import NOT_A_COMPLETION
 from proxy.turn.state import Turn
+from proxy.turn.upstream_api import ChatReader, ReplyReader
 from proxy.upstreams.base import UpstreamStream
 
 logger = logging.getLogger("memory_proxy.relay")
@@ -28,9 +29,11 @@ async def relay(
     stream: UpstreamStream,
     turn: Turn | None,
     finish: Finish | None = None,
+    reader: ReplyReader | None = None,
 ) -> AsyncIterator[bytes]:
-    """The client's stream (``turn`` None: memory off, nothing read or stored)."""
-    accumulator = ReplyAccumulator()
+    """The client's stream (``turn`` None: memory off, nothing read or stored); ``reader``
+    reads the upstream API's events (chat completion chunks by default)."""
+    accumulator = reader or ChatReader()
     ready = getattr(stream, "ready", None)
     try:
         try:
@@ -43,12 +46,12 @@ async def relay(
                         chunk = None
                         if data[:1] == b"{":  # a chunk (the usual event): never [DONE]
                             if turn is not None:
-                                chunk = add_stream_event(accumulator, data)
+                                chunk = accumulator.add(data)
                         elif event.done:
                             done = True
                             break
                         elif data and turn is not None:
-                            add_stream_event(accumulator, data)  # junk: raises
+                            accumulator.add(data)  # junk: raises
                         elif not event.raw.endswith(b"\n"):
                             continue  # an unterminated tail (not SSE): not an event
                         piece = surface.stream_event(turn, chunk, event)
@@ -64,11 +67,11 @@ async def relay(
                     break
             else:
                 if turn is not None and not accumulator.complete:
-                    if accumulator.message() is None:
+                    if accumulator.reply() is None:
                         raise UpstreamReplyError(f"{NOT_A_COMPLETION} (a stream without a reply)")
                     raise UpstreamCut("upstream stream ended before the reply was complete")
             if turn is not None and finish is not None:
-                reply = accumulator.message()
+                reply = accumulator.reply()
                 if reply is None:
                     raise UpstreamReplyError(f"{NOT_A_COMPLETION} (a stream without a reply)")
                 await finish(reply, accumulator.usage)

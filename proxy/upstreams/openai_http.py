@@ -133,13 +133,18 @@ class OpenAIStream:
             self._next_timeout = self._read_timeout
             if chunk:
                 events = self._parser.feed(chunk)
-                if events and events[-1].data == b"[DONE]":
+                if events and self._ends(events[-1]):
                     self._saw_done = True
                 pending.extend(events)
             else:
                 self._eof = True
                 pending.extend(self._parser.flush())
         return pending.popleft()
+
+    @staticmethod
+    def _ends(event: SSEEvent) -> bool:
+        """The stream's last event (the body ends after it)."""
+        return event.data == b"[DONE]"
 
     def ready(self) -> list[SSEEvent]:
         """The events already received and not iterated yet, taken without waiting."""
@@ -294,7 +299,8 @@ class OpenAIUpstream:
         self, request: UpstreamRequest, body: dict[str, Any], header_timeout: float | None,
         deadline: float, url: str | None = None,
     ) -> aiohttp.ClientResponse:
-        """Send the request and wait for the response headers; raises an error status."""
+        """Send the request (to the chat URL, or ``url``) and wait for the response
+        headers; raises an error status."""
         url = url or self._chat_url
         response = await self._request(
             "POST", url, self._headers(request.headers, True), orjson.dumps(body),

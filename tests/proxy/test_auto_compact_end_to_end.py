@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import functools
 import json
-import time
+import threading
 from pathlib import Path
 
 import httpx
 import pytest
-from e2e import ADMIN_TOKEN, write_agent
+from e2e import ADMIN_TOKEN, wait_for, write_agent
 
 from proxy.testing.fake_upstream import FakeUpstream, Reply
 from strategies.summary_prompt import is_summarizer_request
@@ -39,11 +39,14 @@ def prompt_tokens(body: dict) -> int:
 
 
 class Model:
-    """The fake's default reply: short answers to the agent, numbered summaries (after
-    ``delay`` seconds, or a 500 when ``fail``) to the summarizer."""
+    """The fake's default reply: short answers to the agent, numbered summaries (held
+    until ``gate`` is set when ``held``, or a 500 when ``fail``) to the summarizer."""
 
-    def __init__(self, fake: FakeUpstream, *, delay: float = 0.0, fail: bool = False) -> None:
-        self.delay, self.fail, self.summaries = delay, fail, 0
+    def __init__(self, fake: FakeUpstream, *, held: bool = False, fail: bool = False) -> None:
+        self.fail, self.summaries = fail, 0
+        self.gate = threading.Event()
+        if not held:
+            self.gate.set()
         fake.default_reply = self
         fake.count_tokens = prompt_tokens
 
@@ -54,7 +57,7 @@ class Model:
         if self.fail:
             return Reply.error(500)
         return Reply.text(f"SUMMARY {self.summaries}: the user sent numbered turns of alpha.",
-                          first_token_delay=self.delay)
+                          until=self.gate)
 
 
 def summarizer_calls(fake: FakeUpstream) -> list[dict]:
@@ -200,19 +203,23 @@ def test_a_later_compaction_builds_on_the_earlier_one(make_proxy, fake, agents_d
 def test_compaction_never_delays_the_response_and_the_next_turn_waits_for_it(
     make_proxy, fake, agents_dir
 ):
-    Model(fake, delay=1.5)
+    model = Model(fake, held=True)
     write_compacting_agent(agents_dir)
     proxy = make_proxy()
     client = proxy.client("compact", "s4")
     for n in range(1, 4):
         send(client, n)
-    started = time.monotonic()
-    send(client, 4)  # crosses the ratio: a 1.5 s summarizer call starts behind it
-    assert time.monotonic() - started < 1.0
-    assert proxy.services.compactions  # still running
-    started = time.monotonic()
-    send(client, 5)  # arrives while the compaction runs: waits, then restarts from it
-    assert time.monotonic() - started > 0.8
+    send(client, 4)  # crosses the ratio: answered while its compaction's call is held
+    wait_for(lambda: summarizer_calls(fake))
+    assert proxy.snapshot("compact", "s4").summaries == []  # the compaction is under way
+    # turn 5 arrives while the compaction runs: it is not sent on until the summary is
+    # written, then the window restarts from it
+    fifth = threading.Thread(target=send, args=(client, 5))
+    fifth.start()
+    held_back = not wait_for(lambda: len(agent_calls(fake)) == 5, timeout=0.3, fail=False)
+    model.gate.set()
+    fifth.join(20)
+    assert held_back and not fifth.is_alive()
     sent = agent_calls(fake)[-1]["messages"]
     assert f"SUMMARY {len(summarizer_calls(fake))}" in sent[1]["content"]
     assert sent[-1]["content"] == turn_text(5)
@@ -223,17 +230,18 @@ def test_compaction_never_delays_the_response_and_the_next_turn_waits_for_it(
 def test_a_turn_that_stops_waiting_is_served_safely_and_nothing_is_lost(
     make_proxy, fake, agents_dir
 ):
-    Model(fake, delay=1.5)
+    model = Model(fake, held=True)
     write_compacting_agent(agents_dir)
     proxy = make_proxy(compaction_wait_seconds=0.05)
     client = proxy.client("compact", "s5")
     for n in range(1, 5):
         send(client, n)  # turn 4 crosses the ratio
-    send(client, 5)  # served while the compaction still runs
+    send(client, 5)  # served while the compaction's call is still held
     sent = agent_calls(fake)[-1]["messages"]
     assert not any("SUMMARY" in str(m["content"]) for m in sent)
     assert check_openai_messages(sent) == []
     assert prompt_tokens({"messages": sent}) <= CONTEXT_WINDOW
+    model.gate.set()
     proxy.drain()
     # turn 5 overflowed too, but the running compaction held the lock: one compaction
     assert fresh_runs(fake) == 1

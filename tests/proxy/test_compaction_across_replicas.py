@@ -41,12 +41,14 @@ def prompt_tokens(body: dict) -> int:
 
 
 class Model:
-    """The fake's replies: ``Noted.`` to the agent (after ``delays[turn]`` seconds for the
-    turn whose text starts with that key), a summary after ``summary_delay`` seconds."""
+    """The fake's replies: ``Noted.`` to the agent (after ``delays[turn]`` seconds, or once
+    ``holds[turn]`` is set, for the turn whose text starts with that key), a summary after
+    ``summary_delay`` seconds."""
 
     def __init__(self) -> None:
         self.summary_delay = 1.0
         self.delays: dict[str, float] = {}
+        self.holds: dict[str, threading.Event] = {}
 
     def __call__(self, body: dict) -> Reply:
         if is_summarizer(body):
@@ -54,7 +56,8 @@ class Model:
                               first_token_delay=self.summary_delay)
         last = str(body["messages"][-1].get("content", ""))
         delay = next((d for prefix, d in self.delays.items() if last.startswith(prefix)), 0.0)
-        return Reply.text("Noted.", first_token_delay=delay)
+        hold = next((h for prefix, h in self.holds.items() if last.startswith(prefix)), None)
+        return Reply.text("Noted.", first_token_delay=delay, until=hold)
 
 
 class Replica:
@@ -136,7 +139,7 @@ def replicas(cluster, shared_store) -> tuple[FakeUpstream, Model, list[Replica]]
     flush_redis(shared_store)
     fake, model, started = cluster
     fake.reset()
-    model.summary_delay, model.delays = 1.0, {}
+    model.summary_delay, model.delays, model.holds = 1.0, {}, {}
     return fake, model, started
 
 
@@ -203,7 +206,8 @@ def settle(condition: Callable[[], bool], *, timeout: float = 15, quiet: float =
 
 
 def test_turns_alternating_between_replicas_compact_one_overflow_once(replicas, shared_store):
-    fake, _, (a, b) = replicas
+    fake, model, (a, b) = replicas
+    model.summary_delay = 0.2
     n = 0
     while not summarizer_calls(fake):
         n += 1
@@ -213,7 +217,7 @@ def test_turns_alternating_between_replicas_compact_one_overflow_once(replicas, 
         deadline = time.monotonic() + 0.5
         while not summarizer_calls(fake) and time.monotonic() < deadline:
             time.sleep(0.02)
-    settle(lambda: bool(snapshot(shared_store, "alt").summaries))
+    settle(lambda: bool(snapshot(shared_store, "alt").summaries), quiet=0.5)
     [record] = snapshot(shared_store, "alt").summaries
     assert (record.kind, record.from_seq, record.to_seq) == ("compaction", 1, 2 * n)
     # the other replica restarts the window from the summary the first one wrote
@@ -221,7 +225,7 @@ def test_turns_alternating_between_replicas_compact_one_overflow_once(replicas, 
     sent = fake.chat_requests[-1].body["messages"]
     assert "SUMMARY: numbered turns" in sent[1]["content"]
     assert sent[2]["content"].startswith(f"turn {n + 1}:")
-    time.sleep(1.0)
+    time.sleep(0.5)
     assert compactions_started(fake) == 1
     assert len(snapshot(shared_store, "alt").messages) == 2 * (n + 1)
 
@@ -230,7 +234,7 @@ def test_two_replicas_crossing_the_ratio_at_once_compact_exactly_once(replicas, 
     fake, model, (a, b) = replicas
     for n in range(1, 4):
         turn((a, b)[n % 2], "both", n)
-    time.sleep(0.5)
+    time.sleep(0.3)
     assert not summarizer_calls(fake)  # three turns stay under the ratio
     # both replicas serve a turn that crosses the ratio, at the same moment (the slow
     # replies make both load the session before either stores its turn)
@@ -239,7 +243,7 @@ def test_two_replicas_crossing_the_ratio_at_once_compact_exactly_once(replicas, 
     agent_calls = [r.body for r in fake.chat_requests if not is_summarizer(r.body)]
     assert len(agent_calls) == 5
     assert [len(body["messages"]) for body in agent_calls[-2:]] == [8, 8]  # both saw 3 turns
-    settle(lambda: bool(snapshot(shared_store, "both").summaries), quiet=2.0)
+    settle(lambda: bool(snapshot(shared_store, "both").summaries), quiet=1.0)
     assert compactions_started(fake) == 1
     state = snapshot(shared_store, "both")
     [record] = state.summaries
@@ -263,11 +267,21 @@ def test_a_replica_that_planned_before_another_compacted_does_not_summarize_agai
     model.summary_delay = 0.0
     for n in range(1, 4):
         turn((a, b)[n % 2], "late", n)
-    # both load the session at once; replica b answers 2 s later, long after replica a
-    # compacted and released the lock: b's plan is stale and must not reach the summarizer
-    model.delays = {"turn 4:": 0.3, "turn 5:": 2.0}
-    at_once(lambda: turn(a, "late", 4), lambda: turn(b, "late", 5))
-    settle(lambda: bool(snapshot(shared_store, "late").summaries), quiet=1.5)
+    # both load the session at once; replica b answers only after replica a compacted and
+    # released the lock: b's plan is stale and must not reach the summarizer
+    compacted = threading.Event()
+    model.delays, model.holds = {"turn 4:": 0.3}, {"turn 5:": compacted}
+
+    def a_then_release() -> None:
+        turn(a, "late", 4)
+        # b's turn reached the upstream, so it loaded the session before a compacted
+        settle(lambda: any(str(r.body["messages"][-1]["content"]).startswith("turn 5:")
+                           for r in fake.chat_requests), quiet=0)
+        settle(lambda: bool(snapshot(shared_store, "late").summaries), quiet=0.2)
+        compacted.set()
+
+    at_once(a_then_release, lambda: turn(b, "late", 5))
+    settle(lambda: bool(snapshot(shared_store, "late").summaries), quiet=0.5)
     assert compactions_started(fake) == 1
     state = snapshot(shared_store, "late")
     [record] = state.summaries

@@ -6,6 +6,7 @@ import asyncio
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -213,6 +214,50 @@ async def test_slow_first_token_delays_a_non_streaming_reply(
 
     assert completion.choices[0].message.content == "late"
     assert time.monotonic() - started >= 0.3
+
+
+async def test_a_held_reply_waits_for_its_event_and_release_frees_it(
+    fake: FakeUpstream, client: openai.AsyncOpenAI
+) -> None:
+    written, forgotten = threading.Event(), threading.Event()
+    fake.queue(Reply.text("held", until=written), Reply.text("never released", until=forgotten))
+
+    first = asyncio.create_task(client.chat.completions.create(model="m", messages=MESSAGES))
+    await asyncio.sleep(0.2)
+    assert not first.done()  # headers are sent; the body waits for the event
+    written.set()
+    assert (await first).choices[0].message.content == "held"
+
+    second = asyncio.create_task(client.chat.completions.create(model="m", messages=MESSAGES))
+    await asyncio.sleep(0.2)
+    assert not second.done()
+    fake.release()
+    assert (await second).choices[0].message.content == "never released"
+    assert forgotten.is_set()
+
+
+async def test_reset_waits_for_replies_in_flight_and_restores_the_defaults(
+    fake: FakeUpstream, client: openai.AsyncOpenAI
+) -> None:
+    fake.default_reply = lambda body: Reply.text("custom")
+    fake.count_tokens = lambda body: 7
+    fake.queue(Reply.text("late", first_token_delay=0.3), Reply.text("scripted"))
+    late = asyncio.create_task(client.chat.completions.create(model="m", messages=MESSAGES))
+    await asyncio.to_thread(lambda: wait_until(lambda: fake.chat_requests))
+
+    await asyncio.to_thread(fake.reset)  # waits for the reply in flight, then forgets it
+    assert fake.requests == []
+    assert (await late).choices[0].message.content == "late"
+    completion = await client.chat.completions.create(model="m", messages=MESSAGES)
+    assert completion.choices[0].message.content == "ok: hello there friend"  # the echo
+    assert completion.usage is not None and completion.usage.prompt_tokens != 7
+
+
+def wait_until(condition: Any, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
 
 
 async def test_the_token_counter_is_pluggable() -> None:

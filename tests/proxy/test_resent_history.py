@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import random
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -88,17 +89,24 @@ async def test_matching_a_page_answers_what_the_store_answers_a_probe(tmp_path: 
         await store.close()
 
 
-def test_a_page_match_skips_the_fingerprints_of_unchanged_text() -> None:
+def test_a_page_match_skips_the_fingerprints_of_unchanged_text(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     page_messages = [{"role": "user", "content": f"q{i}"} if i % 2 == 0
                      else {"role": "assistant", "content": f"a{i}"} for i in range(40)]
     page = [new_record(m, history_sync.fingerprint(m), MODEL, 1.0) for m in page_messages]
     for seq, record in enumerate(page, start=1):
         record.seq = seq
+    computed: list[Any] = []
+    real = history_sync.fingerprint
+    monkeypatch.setattr(history_sync, "fingerprint",
+                        lambda message: computed.append(message) or real(message))
     resent = history_sync.Fingerprints([*page_messages, {"role": "user", "content": "new"}])
 
     assert history_sync.match_page(resent, page) == (40, 40)
-    assert resent._values.count(None) == 41  # not one fingerprint computed
-    assert resent[40] == history_sync.fingerprint({"role": "user", "content": "new"})
+    assert computed == []  # not one fingerprint computed
+    assert resent[40] == real({"role": "user", "content": "new"})
+    assert computed == [{"role": "user", "content": "new"}]
 
 
 def full_history_turns(proxy: RunningProxy, fake, session: str) -> list[list[dict]]:

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from soak import examples
 
 from proxy.turn.history_sync import Fingerprints, fingerprint, match_page
 from proxy.turn.sync_plan import detect_mode, earlier_span, needs_earlier, plan_sync
@@ -93,7 +94,7 @@ def conversations(draw: st.DrawFn) -> tuple[str, str | None, int, list[tuple[str
     return kind, header, page_size, steps
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(conversations())
 def test_every_kind_of_client_keeps_exactly_its_conversation(case) -> None:
     kind, header, page_size, steps = case

@@ -18,14 +18,11 @@ from typing import Any
 
 import httpx
 from redis_server import free_port
+from soak import SOAK, scaled
 
-SOAK = os.environ.get("SOAK") == "1"
+__all__ = ["SOAK", "scaled"]  # the reliability tests import them from here
+
 REPO = Path(__file__).resolve().parents[2]
-
-
-def scaled(short: int, long: int) -> int:
-    """The repetition count: ``long`` under ``SOAK=1``, else ``short``."""
-    return long if SOAK else short
 
 
 def report(name: str, **figures: Any) -> None:

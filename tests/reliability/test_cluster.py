@@ -175,7 +175,10 @@ def test_a_master_killed_under_load_fails_its_turns_fast_and_loses_no_acknowledg
             await asyncio.gather(*writers, failover())
 
     async def failover() -> None:
-        await asyncio.sleep(2)
+        # under load: every session has had a turn acknowledged before the master dies
+        warm_by = time.monotonic() + 10
+        while time.monotonic() < warm_by and set(outcomes.acked) != set(sessions):  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
         victim.kill()
         killed = time.monotonic()
         await asyncio.to_thread(own_cluster.wait_promoted, victim)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,9 +61,9 @@ def summarizer() -> SlowSummarizer:
 
 
 @pytest.fixture
-def fake(summarizer: SlowSummarizer) -> Iterator[FakeUpstream]:
-    with FakeUpstream.running(default_reply=summarizer) as upstream:
-        yield upstream
+def fake(fake_upstream: FakeUpstream, summarizer: SlowSummarizer) -> FakeUpstream:
+    fake_upstream.reset(default_reply=summarizer)
+    return fake_upstream
 
 
 def write(base: str, writer: int) -> None:

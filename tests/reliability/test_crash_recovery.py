@@ -17,7 +17,7 @@ import itertools
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -47,9 +47,9 @@ def slow_echo(body: dict) -> Reply:
 
 
 @pytest.fixture
-def fake() -> Iterator[FakeUpstream]:
-    with FakeUpstream.running(default_reply=slow_echo) as upstream:
-        yield upstream
+def fake(fake_upstream: FakeUpstream) -> FakeUpstream:
+    fake_upstream.reset(default_reply=slow_echo)
+    return fake_upstream
 
 
 class Load:

@@ -11,7 +11,7 @@ import socket
 import sqlite3
 import threading
 import unicodedata
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,9 +52,9 @@ def summaries() -> Summaries:
 
 
 @pytest.fixture
-def fake(summaries: Summaries) -> Iterator[FakeUpstream]:
-    with FakeUpstream.running(default_reply=summaries) as server:
-        yield server
+def fake(fake_upstream: FakeUpstream, summaries: Summaries) -> FakeUpstream:
+    fake_upstream.reset(default_reply=summaries)
+    return fake_upstream
 
 
 def send(proxy: RunningProxy, agent: str, session: str, messages: list[dict[str, Any]], *,

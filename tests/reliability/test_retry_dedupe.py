@@ -21,6 +21,14 @@ from storage.base import StoreUnavailable
 from strategies.records import SessionKey, TurnWrite
 
 
+@pytest.fixture(autouse=True)
+def sdk_retries_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SDK retries as it does (the same body, ``x-stainless-retry-count`` above 0),
+    without waiting between attempts: what gets stored does not depend on the wait."""
+    monkeypatch.setattr(openai._base_client.BaseClient, "_calculate_retry_timeout",
+                        lambda *args, **kwargs: 0.0)
+
+
 def post(proxy: RunningProxy, session: str, messages: list[dict[str, Any]],
          headers: dict[str, str] | None = None) -> httpx.Response:
     return httpx.post(

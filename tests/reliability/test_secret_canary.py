@@ -13,7 +13,6 @@ import asyncio
 import logging
 import sqlite3
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,9 +54,9 @@ def upstream(body: dict[str, Any]) -> Reply:
 
 
 @pytest.fixture
-def fake() -> Iterator[FakeUpstream]:
-    with FakeUpstream.running(default_reply=upstream) as server:
-        yield server
+def fake(fake_upstream: FakeUpstream) -> FakeUpstream:
+    fake_upstream.reset(default_reply=upstream)
+    return fake_upstream
 
 
 def sqlite_dump(url: str) -> str:

@@ -30,6 +30,7 @@ from helpers import (
 )
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from soak import examples
 from test_validity import histories
 
 from strategies.base import Window, WindowContext, WindowItem
@@ -264,7 +265,8 @@ def test_remembered_cuts_are_the_computed_ones_and_bounded_by_characters():
     assert memory.chars <= 10_000
 
 
-_settings = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+_settings = settings(max_examples=examples(250), deadline=None,
+                     suppress_health_check=[HealthCheck.too_slow])
 
 
 @_settings
@@ -385,7 +387,7 @@ def _filtered(text: str) -> str:
     ).strip()
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(st.text())
 def test_sanitize_summary_gives_the_character_filter_result_for_any_text(text):
     assert sanitize_summary(text) == _filtered(text)

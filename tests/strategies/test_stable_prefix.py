@@ -14,6 +14,7 @@ import itertools
 from helpers import assistant, context, history, seqs, tool, turn_start, user
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from soak import examples
 
 from strategies.base import Window
 from strategies.compression import (
@@ -94,7 +95,7 @@ def grow(turns, cfg, context_window):
                                    tool(cid, "R" * 40, tokens=size))
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     turns=sessions(),
     context_window=st.sampled_from([2000, 4000, 8000]),

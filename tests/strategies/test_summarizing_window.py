@@ -16,6 +16,7 @@ from helpers import (
 )
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from soak import examples
 from test_validity import histories
 
 from strategies.base import Window
@@ -475,7 +476,7 @@ def test_compact_with_nothing_to_do_is_a_noop_with_a_message():
 # --- properties ------------------------------------------------------------------------------
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     messages=histories(),
     context_window=st.sampled_from([1000, 4000, 20_000]),

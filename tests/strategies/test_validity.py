@@ -9,6 +9,7 @@ import pytest
 from helpers import assistant, context, history, render, seqs, tool, turn_start, user
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from soak import examples
 
 from strategies.base import Window, WindowItem
 from strategies.config import FullConfig, NoneConfig, WindowedConfig
@@ -311,7 +312,8 @@ def cases(draw: st.DrawFn, kind: str) -> tuple[Any, Any, list[StoredMessage], li
     return strategy, config, messages, loaded
 
 
-_settings = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+_settings = settings(max_examples=examples(200), deadline=None,
+                     suppress_health_check=[HealthCheck.too_slow])
 
 
 @pytest.mark.parametrize("kind", KINDS)

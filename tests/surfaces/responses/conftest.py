@@ -14,15 +14,22 @@ from proxy.testing.fake_responses import FakeResponsesUpstream
 from proxy.testing.fake_upstream import FakeUpstream
 
 
-@pytest.fixture(params=["responses-upstream", "chat-upstream"])
-def fake(request: pytest.FixtureRequest) -> Iterator[FakeUpstream]:
-    upstream = (
-        FakeResponsesUpstream(reasoning=True)
-        if request.param == "responses-upstream"
-        else FakeUpstream()
-    )
-    with upstream:
+@pytest.fixture(scope="module")
+def responses_upstream() -> Iterator[FakeResponsesUpstream]:
+    """The module's one fake Responses upstream (``fake`` resets it for each test)."""
+    with FakeResponsesUpstream(reasoning=True) as upstream:
         yield upstream
+
+
+@pytest.fixture(params=["responses-upstream", "chat-upstream"])
+def fake(request: pytest.FixtureRequest, fake_upstream: FakeUpstream) -> FakeUpstream:
+    upstream: FakeUpstream = (
+        request.getfixturevalue("responses_upstream")
+        if request.param == "responses-upstream"
+        else fake_upstream
+    )
+    upstream.reset()
+    return upstream
 
 
 @pytest.fixture

@@ -46,6 +46,9 @@ def sse_events(response: httpx.Response) -> list[dict[str, Any]]:
                  "previous_response_id", id="unknown-previous"),
     pytest.param({"model": MODEL, "input": [{"type": "item_reference", "id": "msg_1"}]},
                  "input[0]", id="item-reference"),
+    pytest.param({"model": MODEL, "input": "", "tools": [None]}, "tools[0]", id="null-tool"),
+    pytest.param({"model": MODEL, "input": "hi", "tools": [{"name": "f"}]}, "tools[0]",
+                 id="tool-without-type"),
 ])
 def test_bad_requests_are_answered_400_in_openais_shape(proxy, fake, body, param):
     response = post(proxy, "/v1/responses", body)
