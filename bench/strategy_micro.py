@@ -62,6 +62,7 @@ def build_cases() -> list[tuple[str, Callable[[str], Any]]]:
     """(name, kind -> WindowContext) for every case; built once, reused by every call."""
     import populate
 
+    from strategies import native
     from strategies.base import WindowContext
     from strategies.config import (
         AutoCompactConfig,
@@ -134,6 +135,19 @@ def build_cases() -> list[tuple[str, Callable[[str], Any]]]:
         first.tokens = count_message(first, model)
         return numbered(messages)
 
+    def reasoning_history(stored: int) -> list[StoredMessage]:
+        """A text history whose replies keep the reasoning item they came with (a
+        Responses API session): list content, a native part then the text."""
+        messages = populate.history(stored + 1)
+        for index, message in enumerate(messages):
+            if message.role == "assistant":
+                item = {"type": "reasoning", "id": f"rs_{index}", "summary": [],
+                        "encrypted_content": "gAAAA" + "x" * 400}
+                message.content = [native.part("responses", item),
+                                   {"type": "text", "text": message.content}]
+                message.tokens = count_message(message, model)
+        return numbered(messages)
+
     def summary(kind: str, to_seq: int) -> SummaryRecord:
         text = "The user is revising the quarterly forecast. " * 40
         return SummaryRecord(kind=kind, text=text, from_seq=1, to_seq=to_seq,  # type: ignore[arg-type]
@@ -182,7 +196,13 @@ def build_cases() -> list[tuple[str, Callable[[str], Any]]]:
         ("text 100 + summary", factory(text_history(100), summary_to=60)),
         ("text 100 + summary, user msg",
          factory(text_history(100), summary_to=60, placement="USER_MESSAGE")),
+        ("reasoning 100, to Responses", factory(reasoning_history(100))),
+        ("reasoning 100, to chat", factory(reasoning_history(100))),
     ]
+
+
+# the API a case's window is rendered for (``MappingContext.api``): chat unless named here
+CASE_API = {"reasoning 100, to Responses": "responses"}
 
 
 def best_per_call(run: Callable[[], Any], *, repeats: int, min_seconds: float) -> float:
@@ -225,6 +245,7 @@ def measure(*, repeats: int, min_seconds: float, only: str | None) -> list[dict[
             mapping = MappingContext(
                 model="gpt-4o-mini",
                 current_turn_seq=ctx.messages[start].seq if ctx.messages else 0,
+                api=CASE_API.get(name, "chat"),
             )
             window = strategy.select(ctx)
             select_s = best_per_call(

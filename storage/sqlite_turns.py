@@ -64,8 +64,10 @@ UPDATE_ACTIVE_SESSION = (
     " WHERE id = ?"
 )
 # The ids of the latest turn writes (of every session), to recognise one applied before
-# (``TurnWrite.write_id``): a retry comes within seconds, so the oldest are dropped.
+# (``TurnWrite.write_id``): a retry comes within seconds, so the oldest are dropped, every
+# ``PRUNE_WRITES``-th write (a statement fewer in the others).
 KEPT_WRITES = 100_000
+PRUNE_WRITES = 1_000
 
 
 def load(
@@ -158,12 +160,12 @@ def _append_rows(
     else:
         meta, revision, sid = stored
         previous_activity = activity(meta.updated_at)
-        applied = _applied(conn, sid, write)
-        if applied is not None:
-            if revision:
-                meta.system_prompt = prompts.read(conn, ids, revision)
-            return AppendResult(seqs=list(range(applied, applied + len(write.messages))),
-                                superseded=0, meta=meta)  # fmt: skip
+    applied = _claim(conn, sid, write, meta.head_seq + 1)
+    if applied is not None:
+        if revision:
+            meta.system_prompt = prompts.read(conn, ids, revision)
+        return AppendResult(seqs=list(range(applied, applied + len(write.messages))),
+                            superseded=0, meta=meta)  # fmt: skip
     meta.version += 1
     superseded = 0
     if write.supersede_after is not None:
@@ -187,12 +189,6 @@ def _append_rows(
         )
     first = meta.head_seq + 1
     sqlite_responses.record(conn, sid, write, first, now)
-    if write.write_id:
-        written_at = int(conn.execute(
-            "INSERT INTO turn_writes (sid, write_id, first_seq) VALUES (?, ?, ?)",
-            (sid, write.write_id, first),
-        ).lastrowid or 0)  # fmt: skip
-        conn.execute("DELETE FROM turn_writes WHERE rowid <= ?", (written_at - KEPT_WRITES,))
     meta.head_seq += len(rows)
     meta.active_count += len(rows)
     meta.head_chain = chain
@@ -223,14 +219,25 @@ def _append_rows(
     )
 
 
-def _applied(conn: sqlite3.Connection, sid: int, write: TurnWrite) -> int | None:
-    """The first seq of ``write`` when a write of its id was applied already."""
+def _claim(conn: sqlite3.Connection, sid: int, write: TurnWrite, first: int) -> int | None:
+    """Record ``write``'s id with its first seq, in its transaction; the first seq of the
+    write of that id applied before instead, when there was one (then nothing is
+    recorded)."""
     if not write.write_id:
+        return None
+    cursor = conn.execute(
+        "INSERT OR IGNORE INTO turn_writes (sid, write_id, first_seq) VALUES (?, ?, ?)",
+        (sid, write.write_id, first),
+    )
+    if cursor.rowcount:
+        written_at = int(cursor.lastrowid or 0)
+        if written_at % PRUNE_WRITES == 0:
+            conn.execute("DELETE FROM turn_writes WHERE rowid <= ?", (written_at - KEPT_WRITES,))
         return None
     row = conn.execute(
         "SELECT first_seq FROM turn_writes WHERE sid = ? AND write_id = ?", (sid, write.write_id)
     ).fetchone()
-    return None if row is None else int(row[0])
+    return int(row[0])
 
 
 def _supersede(

@@ -86,8 +86,10 @@ class MessageToLlmMessageMapper:
                 or role == "system"
                 or role == "developer"
             ):
-                append(self.map_item(item, context))
-                continue
+                content = _plain_parts(item, context.api)
+                if content is None:
+                    append(self.map_item(item, context))
+                    continue
             sent: dict[str, Any] = {"role": role, "content": content}
             if role == "assistant":
                 if message.tool_calls:
@@ -141,6 +143,22 @@ class MessageToLlmMessageMapper:
 
 _MAP_ITEM = MessageToLlmMessageMapper.map_item
 _MAP_CONTENT = MessageToLlmMessageMapper.map_content
+
+
+def _plain_parts(item: WindowItem, api: str) -> Any:
+    """The content ``map_item`` renders for a message kept whole whose list holds only
+    text and native parts (a reply with its reasoning), in one pass; None for anything
+    else (media, attachments, a shrunk message, a system note), which takes ``map_item``."""
+    message = item.message
+    meta = message.meta
+    if (
+        item.text is not None
+        or type(message.content) is not list
+        or message.role in ("system", "developer")
+        or (meta and (meta.get("parts") or meta.get("attachments")))
+    ):
+        return None
+    return native.plain_for_api(message.content, api)
 
 
 def _text(content: Any) -> str:

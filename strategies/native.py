@@ -96,6 +96,30 @@ def for_api(content: Any, api: str | None) -> Any:
     return kept
 
 
+def plain_for_api(content: list[Any], api: str | None) -> Any:
+    """``for_api(content, api)`` when ``content`` holds only text and native parts (the
+    common list: a reply with its reasoning or thinking), in one pass; ``None`` when it
+    holds anything else (media, other parts), which the caller renders in full."""
+    other = 0
+    for p in content:
+        if type(p) is not dict:
+            return None
+        kind = p.get("type")
+        if kind == NATIVE:
+            if p.get("api") != api:
+                other += 1
+        elif kind != "text":
+            return None
+    if not other:
+        return content
+    kept = [p for p in content if p.get("type") != NATIVE or p.get("api") == api]
+    if not kept:
+        return ""
+    if all(p.keys() == {"type", "text"} for p in kept):
+        return "\n".join(str(p["text"]) for p in kept)
+    return kept
+
+
 def with_text(text: str, original: Any, rest: Sequence[Any] | None = None) -> Any:
     """The content of a message the strategy shrank to ``text``: the original's native
     parts first (a thinking block opens its message), then the text (or ``rest``, the
