@@ -207,6 +207,10 @@ def parse_input(value: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]
                 f"{param}: item_reference is not supported; send the item itself",
                 param=param, code="unsupported_item",
             )
+        elif isinstance(kind, str) and "call_id" in item and not isinstance(
+            item["call_id"], str
+        ):
+            raise BadRequest(f"{param}.call_id must be a string", param=f"{param}.call_id")
         elif isinstance(kind, str) and (kind in REPLY_ITEMS or not kind.endswith("_output")):
             reply = reply or _Reply()
             reply.content.append(native_part(item))

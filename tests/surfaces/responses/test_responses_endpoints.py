@@ -47,6 +47,8 @@ def sse_events(response: httpx.Response) -> list[dict[str, Any]]:
     pytest.param({"model": MODEL, "input": [{"type": "item_reference", "id": "msg_1"}]},
                  "input[0]", id="item-reference"),
     pytest.param({"model": MODEL, "input": "", "tools": [None]}, "tools[0]", id="null-tool"),
+    pytest.param({"model": MODEL, "input": [{"type": "computer_call_output", "call_id": []}]},
+                 "input[0].call_id", id="built-in-output-call-id"),
     pytest.param({"model": MODEL, "input": "hi", "tools": [{"name": "f"}]}, "tools[0]",
                  id="tool-without-type"),
 ])
