@@ -151,14 +151,18 @@ def upstream_caches(messages: Sequence[StoredMessage]) -> bool:
         if message.role != "assistant":
             continue
         cache = message.meta.get(CACHE_META) if message.meta else None
-        if isinstance(cache, dict) and any(
-            isinstance(cache.get(k), int) and cache[k] > 0 for k in ("cached", "written")
-        ):
+        if cache.__class__ is dict and (_positive(cache.get("cached")) or _positive(
+            cache.get("written")
+        )):
             return True
         seen += 1
         if seen >= CACHE_EVIDENCE_REPLIES:
             return False
     return False
+
+
+def _positive(value: Any) -> bool:
+    return value.__class__ is int and value > 0
 
 
 def stable_prefix(config: SummarizingWindowConfig, messages: Sequence[StoredMessage]) -> bool:

@@ -12,7 +12,9 @@ chunks.
 from __future__ import annotations
 
 import asyncio
+import os
 import ssl
+import urllib.request
 from collections import deque
 from dataclasses import dataclass
 from types import TracebackType
@@ -179,6 +181,18 @@ def _min(a: float | None, b: float | None) -> float | None:
     return a if b is None else min(a, b)
 
 
+def environment_has_settings() -> bool:
+    """Whether aiohttp's ``trust_env`` has anything to take from this process's
+    environment: a proxy variable (``HTTP_PROXY``, ``HTTPS_PROXY``, ``ALL_PROXY``, ...) or a
+    netrc file (``NETRC``, ``~/.netrc``). aiohttp reads them again for every request, on a
+    thread of its executor; where none is set that is a thread hop and a walk over the
+    environment per call for nothing, so the session does not ask."""
+    if urllib.request.getproxies():
+        return True
+    netrc = os.environ.get("NETRC") or os.path.join(os.path.expanduser("~"), ".netrc")
+    return os.path.exists(netrc)
+
+
 class OpenAIUpstream:
     """``POST {base_url}/chat/completions`` and ``GET {base_url}/models``.
 
@@ -187,7 +201,7 @@ class OpenAIUpstream:
     for a stream, for its first bytes. When ``api_key`` is set it replaces the client's
     ``Authorization``; otherwise the request's headers are forwarded as given.
     ``max_connections`` bounds the pool; ``trust_env`` takes ``HTTP(S)_PROXY`` and
-    ``NO_PROXY`` from the environment.
+    ``NO_PROXY`` (and a netrc file) from the environment as it is when the client starts.
     """
 
     def __init__(
@@ -222,7 +236,7 @@ class OpenAIUpstream:
                 ssl=self._tls.context(),
             )
             self._session = aiohttp.ClientSession(
-                connector=connector, trust_env=self._trust_env,
+                connector=connector, trust_env=self._trust_env and environment_has_settings(),
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout),
                 skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept"),
             )
