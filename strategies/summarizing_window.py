@@ -140,7 +140,7 @@ def window_anchor(messages: Sequence[StoredMessage]) -> int | None:
 # record): ``{"prompt", "cached", "written"}`` tokens
 CACHE_META = "cache"
 # how many of the latest replies ``stablePrefix: "auto"`` looks at for a cache reading
-CACHE_EVIDENCE_REPLIES = 32
+CACHE_EVIDENCE_REPLIES = 8
 
 
 def upstream_caches(messages: Sequence[StoredMessage]) -> bool:
