@@ -79,12 +79,7 @@ def build_upstream(settings: Settings) -> Upstream:
         api_key=settings.upstream_key(),
         timeout=settings.upstream_timeout,
         max_connections=settings.upstream_max_connections,
-        tls=TLSSettings(
-            ca_bundle=settings.upstream_ca_bundle,
-            client_cert=settings.upstream_client_cert,
-            client_key=settings.upstream_client_key,
-            verify=settings.upstream_tls_verify,
-        ),
+        tls=TLSSettings.from_settings(settings),
     )
     return RoutedUpstream(
         direct,

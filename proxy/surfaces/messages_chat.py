@@ -97,11 +97,6 @@ def messages_upstream(services: Services) -> AnthropicUpstream:
             api_key=settings.anthropic_key(),
             timeout=settings.upstream_timeout,
             max_connections=settings.upstream_max_connections,
-            tls=TLSSettings(
-                ca_bundle=settings.upstream_ca_bundle,
-                client_cert=settings.upstream_client_cert,
-                client_key=settings.upstream_client_key,
-                verify=settings.upstream_tls_verify,
-            ),
+            tls=TLSSettings.from_settings(settings),
         )
     return upstream  # type: ignore[no-any-return]

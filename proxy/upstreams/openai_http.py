@@ -18,7 +18,7 @@ import urllib.request
 from collections import deque
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urljoin, urlsplit
 
 import aiohttp
@@ -32,6 +32,9 @@ from proxy.errors import (
 )
 from proxy.upstreams.base import SSEEvent, UpstreamRequest, UpstreamResponse
 from proxy.upstreams.sse import SSEParser
+
+if TYPE_CHECKING:
+    from proxy.settings import Settings
 
 __all__ = ["OpenAIStream", "OpenAIUpstream", "TLSSettings", "upstream_error"]
 
@@ -65,6 +68,16 @@ class TLSSettings:
     client_cert: str | None = None
     client_key: str | None = None
     verify: bool = True
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> TLSSettings:
+        """The ``MEMORY_PROXY_UPSTREAM_*`` TLS settings, shared by every upstream client."""
+        return cls(
+            ca_bundle=settings.upstream_ca_bundle,
+            client_cert=settings.upstream_client_cert,
+            client_key=settings.upstream_client_key,
+            verify=settings.upstream_tls_verify,
+        )
 
     def context(self) -> ssl.SSLContext | bool:
         if not self.verify:

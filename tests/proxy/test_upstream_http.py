@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import os
 import socket
 import ssl
 from pathlib import Path
@@ -268,3 +269,22 @@ async def test_the_tls_and_pool_settings_reach_the_direct_upstream(
             await upstream.close()
     assert [a.body for a in answers] == [b"ok"] * 3
     assert server.connections == 1
+
+
+def test_the_environment_is_trusted_only_when_it_sets_a_proxy_or_a_netrc_file(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # aiohttp reads them again for every request (on a thread): only asked when set
+    from proxy.upstreams.openai_http import environment_has_settings
+
+    for name in list(os.environ):
+        if name.lower().endswith("_proxy"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("NETRC", str(tmp_path / "absent"))
+    assert not environment_has_settings()
+    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:3128")
+    assert environment_has_settings()
+    monkeypatch.delenv("HTTPS_PROXY")
+    (tmp_path / "netrc").write_text("machine upstream.example login u password p\n")
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
+    assert environment_has_settings()
