@@ -2,8 +2,8 @@
 
 A message's fingerprint is the sha1 of its canonical form; the chain of position i hashes
 the chain before it with the fingerprint, so a resent history is matched against the
-stored log from its start in one store round trip (``Store.load(probe=...)``), or against
-a page held in memory (``match_page``). Where a request meets the stored log elsewhere,
+stored log from its start in one store round trip (``Store.load(probe=...)``). Where a
+request meets the stored log elsewhere,
 and what that makes new, is ``proxy/turn/sync_plan.py``.
 """
 
@@ -216,10 +216,10 @@ RESENT = ResentHashes()
 
 
 class Fingerprints:
-    """A request's conversation fingerprints, each computed when first asked for: a resent
-    history matched against a page held in memory (``match_page``) compares most messages
-    by their text instead. With ``resent``, fingerprints and chains come through the
-    process's ``ResentHashes`` (a full-history client's messages come again next turn)."""
+    """A request's conversation fingerprints, each computed when first asked for; a resent
+    message matched against a stored one (``matches``) is compared by its text first. With
+    ``resent``, fingerprints and chains come through the process's ``ResentHashes`` (a
+    full-history client's messages come again next turn)."""
 
     __slots__ = ("_fingerprint", "_resent", "_values", "conversation")
 
@@ -277,18 +277,6 @@ def _same_text(message: Mapping[str, Any], stored: StoredMessage) -> bool:
         and not stored.tool_calls
         and not message.get("tool_calls")
     )
-
-
-def match_page(resent: Fingerprints, page: Sequence[StoredMessage]) -> tuple[int, int]:
-    """What the store answers a probe with (``SessionSnapshot.matched``, ``matched_seq``),
-    from a page that holds every active message of the session, in order: the longest
-    common prefix of the resent conversation and the page. Chains are cumulative over the
-    active log, so a probe chain is found exactly when its whole prefix is."""
-    count = min(len(resent.conversation), len(page))
-    index = 0
-    while index < count and resent.matches(index, page[index]):
-        index += 1
-    return index, page[index - 1].seq if index else 0
 
 
 def probe_chains(fingerprints: Sequence[str]) -> list[str]:

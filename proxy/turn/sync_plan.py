@@ -157,9 +157,9 @@ def plan_sync(
     retry: RetryHint | None = None,
     page: Sequence[StoredMessage] | None = None,
 ) -> SyncPlan:
-    """The sync of one request. ``snapshot.matched`` is the store's (or ``match_page``'s)
-    match from the log's start; ``page`` is the newest active messages in order (the
-    snapshot's page unless the caller read further back)."""
+    """The sync of one request. ``snapshot.matched`` is the store's match from the log's
+    start; ``page`` is the newest active messages in order (the snapshot's page unless the
+    caller read further back)."""
     conversation = fingerprints.conversation
     meta = snapshot.meta
     key = retry.key if retry is not None else None

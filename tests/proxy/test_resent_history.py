@@ -1,6 +1,6 @@
 """A full-history client's resent conversation: matching it against a page
-(``history_sync.match_page``) answers what the store's probe answers, and a proxy with the
-session cache sends and stores what one without it does."""
+(``sync_support.match_page``, a reference) answers what the store's probe answers, and a
+proxy with the session cache sends and stores what one without it does."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 import pytest
 from e2e import RunningProxy
+from sync_support import match_page
 
 import proxy.turn.history_sync as history_sync
 from proxy.testing.fake_upstream import Reply
@@ -83,7 +84,7 @@ async def test_matching_a_page_answers_what_the_store_answers_a_probe(tmp_path: 
             fingerprints = history_sync.Fingerprints(resent)
             probed = await store.load(key, ALL, probe=fingerprints.probe())
 
-            local = history_sync.match_page(history_sync.Fingerprints(resent), page)
+            local = match_page(history_sync.Fingerprints(resent), page)
             assert local == (probed.matched, probed.matched_seq), scenario
     finally:
         await store.close()
@@ -103,7 +104,7 @@ def test_a_page_match_skips_the_fingerprints_of_unchanged_text(
                         lambda message: computed.append(message) or real(message))
     resent = history_sync.Fingerprints([*page_messages, {"role": "user", "content": "new"}])
 
-    assert history_sync.match_page(resent, page) == (40, 40)
+    assert match_page(resent, page) == (40, 40)
     assert computed == []  # not one fingerprint computed
     assert resent[40] == real({"role": "user", "content": "new"})
     assert computed == [{"role": "user", "content": "new"}]

@@ -18,8 +18,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from soak import examples
+from sync_support import match_page
 
-from proxy.turn.history_sync import Fingerprints, fingerprint, match_page
+from proxy.turn.history_sync import Fingerprints, fingerprint
 from proxy.turn.sync_plan import detect_mode, earlier_span, needs_earlier, plan_sync
 from strategies.records import SessionMeta, SessionSnapshot, StoredMessage
 
