@@ -171,15 +171,11 @@ def make_proxy(
     running: list[RunningProxy] = []
 
     def make(**overrides: Any) -> RunningProxy:
-        upstream_url = overrides.pop("upstream_url", fake.url)
         settings = Settings(
             store_url=overrides.pop("store_url", store_url),
-            upstream_url=upstream_url,
+            upstream_url=overrides.pop("upstream_url", fake.url),
             agents_dir=overrides.pop("agents_dir", agents_dir),
             admin_token=overrides.pop("admin_token", ADMIN_TOKEN),
-            # a plain-HTTP upstream needs no TLS context (building one takes 20 ms)
-            upstream_tls_verify=overrides.pop(
-                "upstream_tls_verify", not upstream_url.startswith("http://")),
             **overrides,
         )
         app = create_app(settings)

@@ -53,6 +53,10 @@ _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _MAX_REDIRECTS = 10
 
 
+def _is_https(url: str) -> bool:
+    return url[:8].lower() == "https://"
+
+
 def _origin(url: str) -> tuple[str, str, int | None]:
     parts = urlsplit(url)
     return parts.scheme, parts.hostname or "", parts.port
@@ -215,6 +219,13 @@ class OpenAIUpstream:
     ``Authorization``; otherwise the request's headers are forwarded as given.
     ``max_connections`` bounds the pool; ``trust_env`` takes ``HTTP(S)_PROXY`` and
     ``NO_PROXY`` (and a netrc file) from the environment as it is when the client starts.
+
+    The TLS context (``tls``: the trust store or a CA bundle, a client certificate) is
+    built at start for an ``https`` base URL, else on the first request to an ``https``
+    URL (a redirect): a plain-HTTP upstream never reads the trust store or the certificate
+    files (building the context takes about 20 ms). Only the upstream's own URL needs it:
+    aiohttp takes no ``https`` proxy from the environment, and the tunnel through a plain
+    one carries the upstream's TLS.
     """
 
     def __init__(
@@ -241,18 +252,30 @@ class OpenAIUpstream:
         self._trust_env = trust_env
         self._authorization = None if api_key is None else f"Bearer {api_key}"
         self._session: aiohttp.ClientSession | None = None
+        self._ssl: ssl.SSLContext | bool | None = None  # built when first needed
 
     async def start(self) -> None:
         if self._session is None:
+            if self._ssl is None and _is_https(self.base_url):
+                self._ssl = self._tls.context()
             connector = aiohttp.TCPConnector(
-                limit=self._max_connections, keepalive_timeout=_KEEPALIVE_SECONDS,
-                ssl=self._tls.context(),
+                limit=self._max_connections, keepalive_timeout=_KEEPALIVE_SECONDS
             )
             self._session = aiohttp.ClientSession(
                 connector=connector, trust_env=self._trust_env and environment_has_settings(),
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout),
                 skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept"),
             )
+
+    def _ssl_for(self, url: str) -> ssl.SSLContext | bool:
+        """The TLS context for a request to ``url``; ``True`` (aiohttp's default, unused by
+        a plain-HTTP connection) while no request has needed ours."""
+        context = self._ssl
+        if context is None:
+            if not _is_https(url):
+                return True
+            context = self._ssl = self._tls.context()
+        return context
 
     async def close(self) -> None:
         session, self._session = self._session, None
@@ -294,7 +317,8 @@ class OpenAIUpstream:
             async with asyncio.timeout(header_timeout):
                 for _ in range(_MAX_REDIRECTS):
                     response = await session.request(
-                        method, url, data=body, headers=headers, allow_redirects=False
+                        method, url, data=body, headers=headers, allow_redirects=False,
+                        ssl=self._ssl_for(url),
                     )
                     location = response.headers.get("location")
                     # a 301/302/303 answer to a POST is passed back as it is (following it

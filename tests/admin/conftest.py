@@ -36,7 +36,6 @@ async def make_proxy(fake: FakeUpstream, store_url: str, agents_dir: Path
             settings = Settings(
                 store_url=overrides.pop("store_url", store_url),
                 upstream_url=fake.url,
-                upstream_tls_verify=False,  # plain HTTP: no TLS context to build
                 agents_dir=agents_dir,
                 admin_token=overrides.pop("admin_token", ADMIN_TOKEN),
                 **overrides,

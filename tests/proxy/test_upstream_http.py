@@ -271,6 +271,53 @@ async def test_the_tls_and_pool_settings_reach_the_direct_upstream(
     assert server.connections == 1
 
 
+async def test_a_plain_http_upstream_starts_and_answers_without_opening_the_tls_files(
+    tmp_path: Path,
+) -> None:
+    # the TLS files are read when a TLS context is built (about 20 ms with the trust
+    # store): files that do not exist show that an http:// upstream never builds one
+    from proxy.http.app import build_upstream
+    from proxy.settings import Settings
+    from proxy.upstreams.anthropic_http import AnthropicUpstream
+
+    async with TinyServer() as server:
+        settings = Settings(
+            upstream_url=server.url + "/v1", anthropic_url=server.url,
+            upstream_ca_bundle=str(tmp_path / "absent-ca.pem"),
+            upstream_client_cert=str(tmp_path / "absent-cert.pem"),
+        )
+        direct = build_upstream(settings)
+        messages = AnthropicUpstream(settings.anthropic_url,
+                                     tls=TLSSettings.from_settings(settings))
+        await direct.start()
+        await messages.start()
+        try:
+            answers = [await direct.chat(CHAT), await messages.messages(CHAT)]
+        finally:
+            await direct.close()
+            await messages.close()
+    assert [a.body for a in answers] == [b"ok", b"ok"]
+    assert [r.head.split(b" ")[1] for r in server.requests] == [
+        b"/v1/chat/completions", b"/v1/messages"]
+
+
+async def test_a_redirect_from_a_plain_http_upstream_to_https_uses_the_tls_settings(
+    certificates: tuple[Path, Path, Path],
+) -> None:
+    ca, cert, key = certificates
+    async with TinyServer(tls=server_tls(cert, key)) as secure:
+        moved = redirect(302, secure.url + "/v1/models")
+        async with TinyServer(moved, moved) as plain:
+            async with OpenAIUpstream(plain.url + "/v1") as upstream:
+                with pytest.raises(UpstreamConnectError):  # the trust store knows no such CA
+                    await upstream.models({})
+            async with OpenAIUpstream(plain.url + "/v1",
+                                      tls=TLSSettings(ca_bundle=str(ca))) as upstream:
+                response = await upstream.models({})
+    assert response.body == b"ok"
+    assert len(plain.requests) == 2 and len(secure.requests) == 1
+
+
 def test_the_environment_is_trusted_only_when_it_sets_a_proxy_or_a_netrc_file(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
