@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -187,8 +188,9 @@ def test_fingerprints_are_those_of_the_canonical_form(message: dict) -> None:
     assert history_sync.fingerprint(message) == hashlib.sha1(canonical).hexdigest()
 
 
-def test_resent_hashes_answer_what_computing_them_answers() -> None:
-    hashes = history_sync.ResentHashes(max_bytes=2_000)
+def test_resent_hashes_answer_what_computing_them_answers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     messages = [
         {"role": "user", "content": "same text"},
         {"role": "assistant", "content": "same text"},  # another role: another fingerprint
@@ -197,12 +199,59 @@ def test_resent_hashes_answer_what_computing_them_answers() -> None:
         {"role": "tool", "tool_call_id": "c1", "content": "result"},
         {"role": "user", "content": [{"type": "text", "text": "parts"}]},
     ]
+    fps = [history_sync.fingerprint(m) for m in messages]
+    chains = history_sync.probe_chains(fps)
+    computed = count_computations(monkeypatch)
+    hashes = history_sync.ResentHashes(max_bytes=2_000)
+
     for _ in range(3):  # computed, then remembered
-        for message in messages:
-            assert hashes.fingerprint(message) == history_sync.fingerprint(message)
-        fps = [history_sync.fingerprint(m) for m in messages]
-        assert hashes.chains(fps) == history_sync.probe_chains(fps)
-    for n in range(50):  # past max_bytes it starts over, still right
-        message = {"role": "user", "content": f"text {n} " * 20}
+        assert [hashes.fingerprint(m) for m in messages] == fps
+        assert hashes.chains(fps) == chains
+
+    first = 2 * len(messages)  # every fingerprint and chain, once
+    assert len(computed) == first + 2 * 3
+    # later turns compute only what is not plain text (a tool call, a tool result, parts)
+    assert computed[first:] == [("fingerprint", m["content"]) for m in messages[2:]] * 2
+
+
+def test_resent_hashes_start_over_past_max_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    computed = count_computations(monkeypatch)
+    hashes = history_sync.ResentHashes(max_bytes=2_000)
+    texts = [{"role": "user", "content": f"text {n} " * 20} for n in range(50)]
+    fps = [f"{n:040x}" for n in range(50)]
+    for message, fp in zip(texts, fps, strict=True):
         assert hashes.fingerprint(message) == history_sync.fingerprint(message)
-    assert hashes._size <= 2_000
+        assert hashes.chains([fp]) == history_sync.probe_chains([fp])
+
+    def remembered(ask: Callable[[Any], object], items: list[Any]) -> int:
+        """How many of the latest ``items`` are answered without computing (it remembers
+        since it last started over: newest first, up to the first it computes again)."""
+        del computed[:]
+        for count, item in enumerate(reversed(items)):
+            ask(item)
+            if computed:
+                return count
+        return len(items)
+
+    text_bytes = len(texts[0]["content"])
+    chain_bytes = 3 * 40  # the previous chain, the fingerprint, the chain: 40 hex digits each
+    assert remembered(hashes.fingerprint, texts) * text_bytes <= 2_000
+    assert remembered(lambda fp: hashes.chains([fp]), fps) * chain_bytes <= 2_000
+
+
+def count_computations(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
+    """What is computed (sha1 of a canonical message, a chain hash) from now on."""
+    computed: list[tuple[str, Any]] = []
+    fingerprint, chain_hash = history_sync.fingerprint, history_sync.chain_hash
+
+    def counted_fingerprint(message: Any) -> str:
+        computed.append(("fingerprint", message.get("content")))
+        return fingerprint(message)
+
+    def counted_chain(previous: str, fp: str) -> str:
+        computed.append(("chain", fp))
+        return chain_hash(previous, fp)
+
+    monkeypatch.setattr(history_sync, "fingerprint", counted_fingerprint)
+    monkeypatch.setattr(history_sync, "chain_hash", counted_chain)
+    return computed
