@@ -142,6 +142,11 @@ class LitellmUpstream:
 
     ``models()`` answers the configured ``models`` list in OpenAI's shape, or a 404 error
     when none is configured (providers have no common listing endpoint).
+
+    ``litellm`` is the module the calls go to, imported on first use when not given; an
+    application (or a test) may pass one of its own: what is used of it is
+    ``acompletion``, ``validate_environment`` and its exception classes
+    (``translate_errors``).
     """
 
     def __init__(
@@ -151,12 +156,13 @@ class LitellmUpstream:
         *,
         models: list[str] | None = None,
         timeout: float = 600,
+        litellm: Any = None,
     ) -> None:
         self.api_key = api_key
         self.api_base = api_base
         self.model_ids = models
         self.timeout = timeout
-        self._litellm: Any = None
+        self._litellm: Any = litellm
         self._env_keys: dict[str, bool] = {}
 
     async def start(self) -> None:

@@ -389,8 +389,7 @@ async def test_litellm_reshapes_only_its_own_copy_of_the_messages() -> None:
                     message["content"][0]["text"] = "reshaped"
             return SimpleNamespace(model_dump=lambda: {"choices": []})
 
-    upstream = LitellmUpstream(api_key="sk-litellm")
-    upstream._litellm = Reshaping()
+    upstream = LitellmUpstream(api_key="sk-litellm", litellm=Reshaping())
     response = await upstream.chat(UpstreamRequest({"model": "openai/m", "messages": messages}))
 
     assert response.status_code == 200 and seen and seen[0][0]["role"] == "reshaped"
