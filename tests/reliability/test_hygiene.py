@@ -6,9 +6,7 @@ session are bounded.
 
 from __future__ import annotations
 
-import asyncio
 import socket
-import sqlite3
 import threading
 import unicodedata
 from collections.abc import Callable
@@ -19,9 +17,9 @@ import httpx
 import pytest
 from e2e import ADMIN_TOKEN, CLIENT_KEY, RunningProxy, write_agent
 from media_samples import data_url, png
-from redis.asyncio import Redis
 
 from proxy.testing.fake_upstream import FakeUpstream, Reply, echo_reply
+from strategies.records import LoadSpec
 from strategies.summary_prompt import is_summarizer_request
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -173,56 +171,39 @@ def test_summaries_are_labelled_as_derived_and_cleaned_of_invisible_characters(
     assert not any(c in sent for c in INVISIBLE)
 
 
-def session_rows(url: str, session: str) -> list[Any]:
-    connection = sqlite3.connect(url.removeprefix("sqlite:///"))
-    try:
-        tables = [row[0] for row in connection.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table'")]
-        found = []
-        for table in tables:
-            columns = [row[1] for row in connection.execute(f"PRAGMA table_info({table})")]
-            if "session" in columns:
-                found += connection.execute(
-                    f"SELECT * FROM {table} WHERE session = ?", (session,)).fetchall()
-            if "sid" in columns:  # keyed by the session's number: none without a session
-                found += connection.execute(
-                    f"SELECT * FROM {table} WHERE sid NOT IN (SELECT id FROM sessions)"
-                ).fetchall()
-        return found
-    finally:
-        connection.close()
-
-
-def redis_leftovers(url: str, session: str) -> list[Any]:
-    async def scan() -> list[Any]:
-        client = Redis.from_url(url)
-        found: list[Any] = []
-        async for key in client.scan_iter(count=1000):
-            if session.encode() in key:
-                found.append(key)
-            elif await client.type(key) == b"zset":
-                found += [(key, m) for m in await client.zrange(key, 0, -1)
-                          if session.encode() in m]
-        await client.aclose()
-        return found
-
-    return asyncio.run(scan())
-
-
-def leftovers(store_url: str, session: str) -> list[Any]:
-    if store_url.startswith("sqlite"):
-        return session_rows(store_url, session)
-    return redis_leftovers(store_url, session)
+def traces(proxy: RunningProxy, agent: str, session: str, word: str) -> dict[str, bool]:
+    """Whether each read of the Store port, and the admin's JSON view, still finds something
+    of a session: its row, messages, summaries, whole log (superseded ones too), a message
+    with ``word``, the answer to its tool call ``call_{session}``, a lock named ``held`` (a
+    free one is taken and given back), the session by its name."""
+    store, key = proxy.services.store, proxy.key(agent, session)
+    snapshot = proxy.call(store.load(key, LoadSpec(limit=100_000)))
+    token = proxy.call(store.acquire_lock(key, "held", 60))
+    if token is not None:
+        proxy.call(store.release_lock(key, "held", token))
+    view = httpx.get(f"{proxy.base}/memory/{agent}/{session}", headers=ADMIN)
+    return {
+        "session": snapshot.exists,
+        "messages": bool(snapshot.messages),
+        "summaries": bool(snapshot.summaries),
+        "log": bool(proxy.call(store.read_log(key, limit=100_000)).messages),
+        "search": bool(proxy.call(store.search_messages(key, [word]))),
+        "tool result": proxy.call(store.find_tool_result(key, f"call_{session}")) is not None,
+        "lock": token is None,
+        "by name": bool(proxy.call(store.find_sessions(agent, session))),
+        "memory view": view.status_code != 404,
+    }
 
 
 def test_deleting_a_session_leaves_no_key_behind(
-    make_proxy: Callable[..., RunningProxy], fake: FakeUpstream, agents_dir: Path,
-    store_url: str,
+    make_proxy: Callable[..., RunningProxy], fake: FakeUpstream, agents_dir: Path
 ) -> None:
     write_agent(agents_dir, "del", llm={"model": "gpt-4o", "contextWindow": 2000},
                 memoryConfig={"kind": "auto_compact", "compactAtRatio": 0.3})
     proxy = make_proxy()
-    for session in ("doomed-1", "kept-2"):
+    # the doomed session is the newest: a store that numbers sessions may give its number
+    # to the next one, which must not find anything of it
+    for session in ("kept-2", "doomed-1"):
         proxy.drain()  # a background summary must not take the reply queued for a turn
         fake.queue(Reply.tool_calls([{"id": f"call_{session}", "name": "lookup",
                                       "arguments": {}}]))
@@ -232,15 +213,15 @@ def test_deleting_a_session_leaves_no_key_behind(
         send(proxy, "del", session, say("start " + "words " * 400))
     proxy.drain()
     key = proxy.key("del", "doomed-1")
-    assert proxy.call(proxy.services.store.acquire_lock(key, "other", 60))
-    assert proxy.snapshot("del", "doomed-1").summaries  # a summary record to delete too
-    assert leftovers(store_url, "doomed-1")
+    assert proxy.call(proxy.services.store.acquire_lock(key, "held", 60))
+    before = traces(proxy, "del", "doomed-1", "start")
+    assert all(before.values()), before  # a summary record and a lock to delete too
 
     response = httpx.delete(f"{proxy.base}/admin/api/agents/del/sessions/doomed-1",
                             headers=ADMIN)
     assert response.status_code == 200 and response.json()["deleted"] is True
-    assert leftovers(store_url, "doomed-1") == []
-    assert key not in proxy.services.credentials
+    after = traces(proxy, "del", "doomed-1", "start")
+    assert not any(after.values()), after
     listing = httpx.get(f"{proxy.base}/memory/del", headers=ADMIN).json()
     assert [s["session"] for s in listing["sessions"]] == ["kept-2"]
     assert len(proxy.stored("del", "kept-2")) >= 4  # the neighbour is untouched
@@ -248,10 +229,22 @@ def test_deleting_a_session_leaves_no_key_behind(
     assert again.status_code == 404 and again.json()["error"]["code"] == "session_not_found"
     assert httpx.delete(f"{proxy.base}/admin/api/agents/del/sessions/kept-2").status_code == 401
 
+    # the session started again on another replica begins from nothing, and this process
+    # kept no upstream key of the deleted one: its Compact has none to summarize with
+    replica = make_proxy()
+    assert send(replica, "del", "doomed-1", say("a fresh start")).status_code == 200
+    assert fake.chat_requests[-1].body["messages"] == say("a fresh start")
+    started_again = proxy.snapshot("del", "doomed-1")
+    assert [m.content for m in started_again.messages] == ["a fresh start", "ok: a fresh start"]
+    assert started_again.summaries == []
+    compact = httpx.post(f"{proxy.base}/admin/api/agents/del/sessions/doomed-1/compact",
+                         headers=ADMIN)
+    assert compact.status_code == 409, compact.text
+    assert "no upstream credentials" in compact.json()["error"]["message"]
+
 
 def test_deleting_a_session_reclaims_its_media_and_only_its_own(
-    make_proxy: Callable[..., RunningProxy], fake: FakeUpstream, agents_dir: Path,
-    store_url: str,
+    make_proxy: Callable[..., RunningProxy], fake: FakeUpstream, agents_dir: Path
 ) -> None:
     write_agent(agents_dir, "pics", llm={"model": "gpt-4o", "capabilities": ["image"]})
     proxy = make_proxy()
@@ -268,7 +261,8 @@ def test_deleting_a_session_reclaims_its_media_and_only_its_own(
 
     assert response.status_code == 200
     assert proxy.call(store.get_parts(proxy.key("pics", "doomed-pics"), [digest])) == {}
-    assert leftovers(store_url, "doomed-pics") == []
+    after = traces(proxy, "pics", "doomed-pics", "what")
+    assert not any(after.values()), after
     kept = proxy.call(store.get_parts(proxy.key("pics", "kept-pics"), [digest]))
     assert list(kept) == [digest]
 
