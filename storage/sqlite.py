@@ -3,7 +3,8 @@
 One connection, used by one thread of the store's own: every public method is one job
 sent to that thread and one transaction there, so the event loop never waits for SQLite
 (a commit, a checkpoint, another process's lock) and jobs run in the order they were
-sent. The database is in WAL mode with SQLite's own autocheckpoint; the schema, its
+sent. The database is in WAL mode, its log copied back by a thread and a connection of
+their own (``storage/sqlite_checkpoint.py``): no turn waits for a checkpoint. The schema, its
 migrations and the connection's settings are in ``storage/sqlite_schema.py``, a session's
 log in ``sqlite_turns.py``, whole sessions (listing, deletion, agent configs, locks,
 media parts) in ``sqlite_sessions.py``, the full-text index in ``sqlite_search.py`` and
@@ -34,6 +35,7 @@ from storage import sqlite_responses
 from storage import sqlite_sessions as sessions
 from storage import sqlite_turns as turns
 from storage.base import StoreUnavailable
+from storage.sqlite_checkpoint import BACKSTOP_PAGES, Checkpointer
 from storage.sqlite_prompts import Ids, SystemPrompts
 from storage.sqlite_schema import connect, database_path
 from strategies.records import (
@@ -64,12 +66,17 @@ class SqliteStore:
         self._jobs: queue.SimpleQueue[Job | None] | None = None  # the thread's, while open
         self._thread: threading.Thread | None = None
         self._conn: sqlite3.Connection | None = None  # used on the store's thread only
+        self._checkpointer: Checkpointer | None = None
         # decoded system prompts by revision, used by the thread's jobs only
         self._prompts = SystemPrompts()
 
     async def open(self) -> None:
         jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
-        thread = threading.Thread(target=_serve, args=(jobs,), name="sqlite-store", daemon=True)
+        checkpointer = Checkpointer(self.path) if self.path != ":memory:" else None
+        after_job = checkpointer.after_job if checkpointer is not None else None
+        thread = threading.Thread(
+            target=_serve, args=(jobs, after_job), name="sqlite-store", daemon=True
+        )
         thread.start()
         self._jobs, self._thread = jobs, thread
         try:
@@ -77,11 +84,17 @@ class SqliteStore:
         except BaseException:
             self._stop()
             raise
+        if checkpointer is not None:
+            checkpointer.start(self._conn)
+            self._checkpointer = checkpointer
 
     async def close(self) -> None:
         conn, self._conn = self._conn, None
         if self._jobs is None:
             return
+        checkpointer, self._checkpointer = self._checkpointer, None
+        if checkpointer is not None:  # first: the store's connection, closed last, cleans up
+            await asyncio.to_thread(checkpointer.stop)
         if conn is not None:
             await self._send(lambda _: conn.close())
         self._stop()
@@ -192,7 +205,12 @@ class SqliteStore:
         """On the store's thread: its connection, the schema made and migrated."""
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        return connect(self.path)
+        conn = connect(self.path)
+        if self.path != ":memory:":
+            # the checkpointer's thread copies the log back; this connection only past
+            # the backstop (storage/sqlite_checkpoint.py)
+            conn.execute(f"PRAGMA wal_autocheckpoint = {BACKSTOP_PAGES}")
+        return conn
 
     async def _run(self, job: Callable[..., T], *args: Any) -> T:
         """``job(connection, *args)`` on the store's thread, after the jobs sent before."""
@@ -217,6 +235,9 @@ class SqliteStore:
             raise StoreUnavailable(f"sqlite database {self.path}: {exc}") from exc
 
     def _stop(self) -> None:
+        if self._checkpointer is not None:
+            self._checkpointer.stop()
+            self._checkpointer = None
         if self._jobs is not None:
             self._jobs.put(None)
         if self._thread is not None:
@@ -227,8 +248,9 @@ class SqliteStore:
 Job = tuple[Callable[[None], Any], asyncio.AbstractEventLoop, "asyncio.Future[Any]"]
 
 
-def _serve(jobs: queue.SimpleQueue[Job | None]) -> None:
-    """The store's thread: each job in the order sent, its outcome set on its loop."""
+def _serve(jobs: queue.SimpleQueue[Job | None], after_job: Callable[[], None] | None) -> None:
+    """The store's thread: each job in the order sent, its outcome set on its loop (then
+    the log's checkpointer asked whether it is due)."""
     while (item := jobs.get()) is not None:
         call, loop, future = item
         try:
@@ -237,6 +259,8 @@ def _serve(jobs: queue.SimpleQueue[Job | None]) -> None:
             outcome, failed = exc, True
         with contextlib.suppress(RuntimeError):  # the loop closed without closing the store
             loop.call_soon_threadsafe(_settle, future, outcome, failed)
+        if after_job is not None:
+            after_job()
 
 
 def _settle(future: asyncio.Future[Any], outcome: Any, failed: bool) -> None:

@@ -97,15 +97,16 @@ def connect(path: str) -> sqlite3.Connection:
 
     WAL with ``synchronous = NORMAL``: a commit is in the log (the OS page cache) when the
     call returns, so an acknowledged turn survives kill -9 of the proxy; only an OS crash
-    or power loss can drop the last commits, and the file stays consistent. SQLite's own
-    autocheckpoint copies the log back into the database every 1000 pages, on the store's
-    thread (the commit that crosses it), never on the event loop."""
+    or power loss can drop the last commits, and the file stays consistent. The log is
+    copied back into the database by the store's checkpointer
+    (``storage/sqlite_checkpoint.py``), never on the event loop."""
     # autocommit mode: transactions are opened explicitly by Transaction
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     try:
+        # first: another process opening (or migrating) the file is waited for
+        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = NORMAL")
-        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         conn.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}")
         # (imported here: sqlite_responses builds on this module)
         from storage.sqlite_responses import SCHEMA as RESPONSES_SCHEMA

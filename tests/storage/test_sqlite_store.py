@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import storage.sqlite
+import storage.sqlite_checkpoint
 import storage.sqlite_schema
 from storage.base import StoreUnavailable
 from storage.sqlite import SqliteStore
@@ -82,13 +83,41 @@ async def test_loads_answer_while_another_process_holds_the_write_lock(
 async def test_the_write_ahead_log_stays_bounded_under_sustained_writes(
     store: SqliteStore, tmp_path: Path
 ) -> None:
-    """SQLite's own autocheckpoint copies the log back and starts it over: a stream of
-    turns many times the checkpoint's size leaves a log of about that size."""
-    for turn in range(3000):
+    """Back-to-back writes give the background checkpoints no quiet moment to finish the
+    log; past ``RESTART_PAGES`` the checkpointer makes it start over: a stream of turns
+    many times that size leaves a log of a fraction of what was written."""
+    for turn in range(4000):
         await store.append_turn(KEY, TurnWrite(messages=[message(f"{turn} " + "x" * 4000)]))
-    assert (tmp_path / "store.db-wal").stat().st_size < 8 << 20  # 12 MB written
+    assert (tmp_path / "store.db").stat().st_size > 16 << 20  # 16 MB of text and more
+    # about 50 MB of log frames written (32 MB is the journal size limit)
+    # a log that never started over would hold them all (journal_size_limit cuts it back
+    # only when it starts over)
+    assert (tmp_path / "store.db-wal").stat().st_size < storage.sqlite_schema.JOURNAL_SIZE_LIMIT
     snapshot = await store.load(KEY, LoadSpec(limit=5000))
-    assert len(snapshot.messages) == 3000
+    assert len(snapshot.messages) == 4000
+
+
+async def test_the_log_is_copied_back_beside_the_store_s_calls(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checkpoints run on a thread of their own: once the store changed the rows a
+    checkpoint waits for, the database file takes the log's pages, with no further call
+    (far below the backstop, where the store's own connection would)."""
+    monkeypatch.setattr(storage.sqlite_checkpoint, "CHECKPOINT_ROWS", 10)
+    store = SqliteStore(f"sqlite:///{tmp_path}/idle.db")
+    await store.open()
+    try:
+        for turn in range(20):  # 400 KB: about 100 pages, the backstop is 2000
+            await store.append_turn(KEY, TurnWrite(messages=[message(f"{turn} " + "y" * 20_000)]))
+        database = tmp_path / "idle.db"
+        for _ in range(500):
+            if database.stat().st_size > 400_000:
+                break
+            await asyncio.sleep(0.01)
+        assert database.stat().st_size > 400_000
+        assert len((await store.load(KEY, LoadSpec())).messages) == 20
+    finally:
+        await store.close()
 
 
 async def test_a_closed_store_answers_unavailable(tmp_path: Path) -> None:
