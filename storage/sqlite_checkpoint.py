@@ -7,16 +7,18 @@ append copies about a thousand pages back into the database and syncs it (4 ms o
 nothing meanwhile: every ~130th turn waited that long, most of the added latency's 99th
 percentile. SQLite's documentation suggests the alternative used here: a second connection,
 on a thread of its own, runs a ``PASSIVE`` checkpoint every ``CHECKPOINT_ROWS`` rows the
-store changed (about a thousand pages of log). A passive checkpoint
-waits for no reader or writer: the store's thread goes on reading and committing while it
+store changed (about a thousand pages of log). A passive checkpoint waits for no reader
+or writer: the store's thread goes on reading and committing while it
 copies (the sqlite3 module releases the GIL inside SQLite).
 
 The log starts over at the first write after a checkpoint that copied all of it. Under
 sustained writes a checkpoint running beside them never finds that (something was written
-meanwhile), so once the log is ``RESTART_PAGES`` long the checkpointer makes the next write
-wait while it copies the few pages left (a ``RESTART`` checkpoint): the log starts over.
-The store's connection keeps SQLite's own autocheckpoint at ``BACKSTOP_PAGES``, should the
-checkpointer fail.
+meanwhile), so the store's connection keeps SQLite's own autocheckpoint, at
+``BACKSTOP_PAGES``: the commit that crosses it copies the pages the checkpointer has not
+yet (a few, where SQLite's default would copy a thousand), and the log starts over. The
+checkpointer leaves it the next turn after finding the log that long (holding the
+checkpoint lock then, it would make the store's attempt fail). It also bounds the log
+should the checkpointer fail or fall behind a writer faster than its copying.
 
 The store's thread asks after each job (``after_job``: the connection's count of changed
 rows, no system call). The checkpointer runs at the process's own priority: a lower one
@@ -31,18 +33,16 @@ import threading
 
 from storage.sqlite_schema import BUSY_TIMEOUT_MS
 
-__all__ = ["BACKSTOP_PAGES", "CHECKPOINT_ROWS", "RESTART_PAGES", "Checkpointer"]
+__all__ = ["BACKSTOP_PAGES", "CHECKPOINT_ROWS", "Checkpointer"]
 
 log = logging.getLogger("memory_proxy.storage")
 
 # rows the store changes between checkpoints: about SQLite's own threshold of 1000 pages
-# (a turn writes about two pages of log per row it changes: its rows, indexes, FTS)
+# (a turn writes about two pages of log per row it changes: its rows and their indexes)
 CHECKPOINT_ROWS = 500
-# a log this long after a checkpoint is made to start over (writes never left it all copied)
-RESTART_PAGES = 2000
-# pages in the log past which the store's connection checkpoints by itself (should the
-# checkpointer fail)
-BACKSTOP_PAGES = 4 * RESTART_PAGES
+# pages in the log past which the store's connection checkpoints by itself: it copies
+# what the checkpointer has not (a few pages) and the log starts over
+BACKSTOP_PAGES = 2000
 
 
 class Checkpointer:
@@ -92,24 +92,21 @@ class Checkpointer:
         try:
             conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
             conn.execute("PRAGMA synchronous = NORMAL")
+            pages = 0  # in the log at the end of the last checkpoint
             while True:
                 self._wake.wait()
                 if self._stopping:
                     return
                 self._wake.clear()
+                if pages >= BACKSTOP_PAGES:
+                    # the log did not start over: the store's connection does that at its
+                    # next commit, unless this thread holds the checkpoint then; so not now
+                    pages = 0
+                    continue
                 try:
-                    self._checkpoint(conn)
+                    _, pages, _ = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
                 except sqlite3.Error as exc:  # the store's backstop copies meanwhile
                     log.warning("sqlite checkpoint of %s failed: %s", self.path, exc)
         finally:
             conn.close()
 
-    @staticmethod
-    def _checkpoint(conn: sqlite3.Connection) -> None:
-        """A passive checkpoint; when the log has not started over for ``RESTART_PAGES``
-        (writes never left it all copied), one that waits for the write under way, holds
-        the next one back while it copies what is left (a few pages), and leaves the log
-        to start over at the next write."""
-        _, pages, _ = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-        if pages >= RESTART_PAGES:
-            conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
