@@ -354,8 +354,11 @@ def agent_name(index: int) -> str:
     return f"cache-bench-{index}"
 
 
-def write_agents(directory: Path) -> None:
-    for index, (_name, config, _header) in enumerate(ROWS):
+Rows = list[tuple[str, dict[str, Any] | None, str | None]]
+
+
+def write_agents(directory: Path, rows: Rows) -> None:
+    for index, (_name, config, _header) in enumerate(rows):
         definition = {"name": agent_name(index),
                       "llm": {"model": MODEL, "contextWindow": CONTEXT_WINDOW},
                       "memoryConfig": config}
@@ -411,17 +414,18 @@ async def drive(client: httpx.AsyncClient, services: Any, fake: FakeUpstream,
 
 
 async def measure(turns: int, clients: tuple[bool, ...] = (False, True),
-                  no_memory: bool = True) -> dict[str, Any]:
+                  no_memory: bool = True, rows: Rows | None = None) -> dict[str, Any]:
     from proxy.http.app import create_app
     from proxy.settings import Settings
 
     session_script = script(turns)
     fake = FakeUpstream(default_reply=agent_reply(session_script), count_tokens=prompt_tokens)
-    rows: list[Row] = []
+    configs = ROWS if rows is None else rows
+    rows_out: list[Row] = []
     with tempfile.TemporaryDirectory() as tmp, fake:
         agents = Path(tmp) / "agents"
         agents.mkdir()
-        write_agents(agents)
+        write_agents(agents, configs)
         settings = Settings(store_url=f"sqlite:///{tmp}/cache.db", upstream_url=fake.url,
                             agents_dir=agents, log_level="warning", cache_breakpoints="all")
         app = create_app(settings)
@@ -432,7 +436,7 @@ async def measure(turns: int, clients: tuple[bool, ...] = (False, True),
             headers={"Authorization": f"Bearer {API_KEY}"},
         ) as client:
             plan = [(i, name, config, header, full) for i, (name, config, header)
-                    in enumerate(ROWS) for full in clients]
+                    in enumerate(configs) for full in clients]
             if no_memory:
                 plan.append((0, NO_MEMORY, None, "off", True))
             for index, name, config, header, full in plan:
@@ -447,11 +451,11 @@ async def measure(turns: int, clients: tuple[bool, ...] = (False, True),
                     row.add(scorer.score(body, is_summarizer(body)), budget_of(config))
                 row.kept_share_mean = sum(shares) / max(1, len(shares))
                 row.kept_share_min = min(shares, default=1.0)
-                rows.append(row)
+                rows_out.append(row)
                 print(f"  {name}, {row.client}: {row.requests} requests, OpenAI "
                       f"{row.openai_hit:.0%}, Anthropic {row.anthropic_hit:.0%}", flush=True)
     return {"turns": turns, "context_window": CONTEXT_WINDOW,
-            "rows": [r.summary() for r in rows]}
+            "rows": [r.summary() for r in rows_out]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -459,9 +463,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="40 turns instead of 200")
     parser.add_argument("--turns", type=int, default=None)
     parser.add_argument("--json", default=None, help="write the results to this file")
+    parser.add_argument("--row", action="append", default=[], metavar="LABEL=JSON",
+                        help="measure this memoryConfig (a JSON object) instead of the "
+                        "standard rows; repeatable")
+    parser.add_argument("--clients", default="delta,full-history",
+                        help="client kinds, comma-separated: delta, full-history")
+    parser.add_argument("--no-plain", action="store_true",
+                        help="leave out the no-memory row")
     args = parser.parse_args(argv)
     turns = args.turns or (40 if args.quick else 200)
-    results = asyncio.run(measure(turns))
+    rows: Rows | None = None
+    if args.row:
+        rows = []
+        for spec in args.row:
+            label, _, config = spec.partition("=")
+            rows.append((label, json.loads(config), None))
+    kinds = {"delta": False, "full-history": True}
+    clients = tuple(kinds[k.strip()] for k in args.clients.split(","))
+    results = asyncio.run(measure(turns, clients, not args.no_plain, rows))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     import report

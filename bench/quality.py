@@ -433,9 +433,13 @@ def conversation_tokens(conversation: Conversation) -> int:
     return total
 
 
-def write_agents(directory: Path, windows: dict[str, int]) -> list[tuple[str, str, int, Any]]:
+Strategies = list[tuple[str, dict[str, Any], tuple[Any, ...] | None]]
+
+
+def write_agents(directory: Path, windows: dict[str, int],
+                 strategies: Strategies | None = None) -> list[tuple[str, str, int, Any]]:
     configs = []
-    for label, memory, budget in STRATEGIES:
+    for label, memory, budget in STRATEGIES if strategies is None else strategies:
         for name, window in windows.items():
             agent = f"q-{re.sub(r'[^a-z0-9]+', '-', label.lower()).strip('-')}-{name}"
             (directory / f"{agent}.json").write_text(json.dumps({
@@ -445,7 +449,8 @@ def write_agents(directory: Path, windows: dict[str, int]) -> list[tuple[str, st
     return configs
 
 
-async def measure_async(conversations: list[Conversation], source: str = "") -> dict[str, Any]:
+async def measure_async(conversations: list[Conversation], source: str = "",
+                        strategies: Strategies | None = None) -> dict[str, Any]:
     from proxy.http.app import create_app
     from proxy.settings import Settings
 
@@ -465,7 +470,7 @@ async def measure_async(conversations: list[Conversation], source: str = "") -> 
     ) as fake:
         agents = Path(tmp) / "agents"
         agents.mkdir()
-        configs = write_agents(agents, windows)
+        configs = write_agents(agents, windows, strategies)
         settings = Settings(store_url=f"sqlite:///{tmp}/quality.db", upstream_url=fake.url,
                             agents_dir=agents, admin_token=ADMIN, log_level="warning",
                             # replayed in seconds: the hourly budget would stop summaries a
@@ -478,7 +483,7 @@ async def measure_async(conversations: list[Conversation], source: str = "") -> 
             headers={"Authorization": f"Bearer {API_KEY}"},
         ) as client:
             for label, name, window, (agent, budget) in configs:
-                upstream.reports_cache = label != NO_PROMPT_CACHE
+                upstream.reports_cache = not label.startswith(NO_PROMPT_CACHE)
                 replay = Replay(client, app.state.services, upstream, agent, window, budget)
                 for conversation in conversations:
                     await replay.run(conversation)
@@ -491,7 +496,8 @@ async def measure_async(conversations: list[Conversation], source: str = "") -> 
     return results
 
 
-def measure(*, quick: bool, locomo: Path | None = None) -> dict[str, Any]:
+def measure(*, quick: bool, locomo: Path | None = None,
+            strategies: Strategies | None = None, count: int = 3) -> dict[str, Any]:
     """The phase run.py calls: generated conversations (or the user's LoCoMo copy)."""
     if locomo is not None:
         conversations = read_locomo(locomo)
@@ -500,9 +506,10 @@ def measure(*, quick: bool, locomo: Path | None = None) -> dict[str, Any]:
         conversations = generate(1, sessions=12, turns=20, tool_every=3)
         source = "1 generated conversation (bench/conversations.py, seed 29)"
     else:
-        conversations = generate(3, sessions=24, turns=24, tool_every=4, tool_rows=60)
-        source = "3 generated conversations (bench/conversations.py, seeds 29-31)"
-    return asyncio.run(measure_async(conversations, source))
+        conversations = generate(count, sessions=24, turns=24, tool_every=4, tool_rows=60)
+        source = (f"{count} generated conversations (bench/conversations.py, "
+                  f"seeds 29-{28 + count})")
+    return asyncio.run(measure_async(conversations, source, strategies))
 
 
 def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -617,8 +624,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write", action="store_true",
                         help="put the section into bench/RESULTS.md")
     parser.add_argument("--json", type=Path, help="write the raw results here")
+    parser.add_argument("--strategy", action="append", default=[], metavar="LABEL=JSON",
+                        help="replay this summarizing_window memoryConfig (a JSON object; "
+                        "verbatim budget: its maxConversationRatio) instead of the standard "
+                        f"strategies; a label starting {NO_PROMPT_CACHE!r} replays it on an "
+                        "upstream that reports no prompt caching; repeatable")
+    parser.add_argument("--conversations", type=int, default=3,
+                        help="how many conversations to generate (seeds from 29 on)")
     args = parser.parse_args(argv)
-    results = measure(quick=args.quick, locomo=args.locomo)
+    strategies: Strategies | None = None
+    if args.strategy:
+        strategies = []
+        for spec in args.strategy:
+            label, _, text = spec.partition("=")
+            memory = json.loads(text)
+            strategies.append((label, memory, ("ratio", memory.get("maxConversationRatio", 0.8))))
+    results = measure(quick=args.quick, locomo=args.locomo, strategies=strategies,
+                      count=args.conversations)
     print("\n".join(render(results)))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
