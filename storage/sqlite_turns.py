@@ -21,6 +21,7 @@ from strategies.records import (
     AppendResult,
     LoadSpec,
     LogPage,
+    RangeBudget,
     SessionMeta,
     SessionSnapshot,
     StoredMessage,
@@ -277,14 +278,34 @@ def get_messages(conn: sqlite3.Connection, ids: Ids, seqs: Sequence[int]) -> lis
 
 
 def get_range(
-    conn: sqlite3.Connection, ids: Ids, from_seq: int, to_seq: int
+    conn: sqlite3.Connection, ids: Ids, from_seq: int, to_seq: int, budget: RangeBudget | None
 ) -> list[StoredMessage]:
-    rows = conn.execute(
+    if budget is None:
+        rows = conn.execute(
+            f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE {SESSION} AND superseded = 0"
+            " AND seq >= ? AND seq <= ? ORDER BY seq",
+            (*ids, from_seq, to_seq),
+        )
+        return [decode_message(row) for row in rows]
+    # newest first, row by row: the rows below the budget are never stepped to
+    cursor = conn.execute(
         f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE {SESSION} AND superseded = 0"
-        " AND seq >= ? AND seq <= ? ORDER BY seq",
+        " AND seq >= ? AND seq <= ? ORDER BY seq DESC",
         (*ids, from_seq, to_seq),
     )
-    return [decode_message(row) for row in rows]
+    found: list[StoredMessage] = []
+    held, tokens, size = 0, budget.tokens, budget.size
+    try:
+        for row in cursor if tokens > 0 else ():
+            message = decode_message(row)
+            found.append(message)
+            held += message.tokens if message.compressed_content is None else size(message)
+            if held >= tokens:
+                break
+    finally:
+        cursor.close()  # ends the statement's read
+    found.reverse()
+    return found
 
 
 def find_tool_result(
