@@ -205,7 +205,8 @@ async def measure_in_process(
 
             profiler = cProfile.Profile()
             store_profiler = cProfile.Profile()
-        with timed_steps(clock), profiled_store_jobs(store_profiler if profile else None):
+        with timed_steps(clock), timed_store_jobs(clock), \
+                profiled_store_jobs(store_profiler if profile else None):
             for session in sessions[1:]:
                 gc.collect()
                 if profiler is not None:
@@ -218,7 +219,7 @@ async def measure_in_process(
                     profiler.disable()
     turns = len(per_turn)
     steps = {name: clock.spent[name] / turns * 1e3 for name in (*STEPS, *(
-        f"store.{call}" for call in STORE_CALLS))}
+        f"store.{call}" for call in STORE_CALLS), *STORE_JOBS.values())}
     out: dict[str, Any] = {
         "turns": turns,
         "cpu_ms": statistics.mean(per_turn) * 1e3,
@@ -232,6 +233,40 @@ async def measure_in_process(
         out["profile"] = _top(profiler, turns)
         out["store_profile"] = _top(store_profiler, turns, 25)
     return out
+
+
+# SQLite's jobs for the store calls above, timed on the store's thread (thread_time)
+STORE_JOBS = {"load": "sqlite.load", "get_range": "sqlite.get_range", "append": "sqlite.append"}
+
+
+@contextlib.contextmanager
+def timed_store_jobs(clock: Clock) -> Iterator[None]:
+    """The CPU of SQLite's turn jobs on the store's thread alone (nothing for Redis): what
+    the store calls cost besides the hop to the thread and back."""
+    try:
+        from storage import sqlite_turns
+    except ImportError:
+        yield
+        return
+    saved = {name: getattr(sqlite_turns, name) for name in STORE_JOBS}
+
+    def timed(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+        def job(*args: Any) -> Any:
+            started = time.thread_time()
+            try:
+                return function(*args)
+            finally:
+                clock.spent[STORE_JOBS[name]] += time.thread_time() - started
+
+        return job
+
+    for name, function in saved.items():
+        setattr(sqlite_turns, name, timed(name, function))
+    try:
+        yield
+    finally:
+        for name, function in saved.items():
+            setattr(sqlite_turns, name, function)
 
 
 @contextlib.contextmanager
