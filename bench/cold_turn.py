@@ -4,33 +4,35 @@ messages that the proxy's session cache does not hold, with the default strategy
 
 ``bench/run.py`` measures this as one row of *Per-turn cost against stored history*; here
 it is measured by itself, split by the turn's steps, and side by side with another
-checkout. Two ways, each in fresh child processes:
+checkout, turn by turn: this host runs the same code up to a third slower from one minute
+to the next, so the two checkouts take turns (one cold turn each, alternating which goes
+first), and the comparison is of turns measured within milliseconds of each other.
 
-*in process* (the default): the app (``create_app``, its lifespan) runs in the child and
-is driven through ``httpx.ASGITransport`` against the benchmark's upstream
-(``bench/instant_upstream.py``, a process of its own). CPU per cold turn is the child's
-``time.process_time`` (the store's thread included, the client's own share too) and is
-split by step: every step of ``proxy/turn/pipeline.py`` and the store calls under the
-session cache are wrapped in a timer (CPU time, both threads, while the step ran).
-``--profile`` adds cProfile's top functions of the event loop's thread.
+*in process* (the default): each checkout's app (``create_app`` with its lifespan, as
+``memory-proxy serve`` tunes the GC) runs in a child process of its own, driven through
+``httpx.ASGITransport`` against the benchmark's upstream (``bench/instant_upstream.py``,
+a process of its own). CPU per cold turn is the child's ``time.process_time`` (the store's
+thread included, the client's own share too), split by step: every step of
+``proxy/turn/pipeline.py``, the store calls under the session cache and SQLite's jobs on
+the store's thread are wrapped in timers. ``--profile`` adds cProfile's top functions of
+the event loop's thread and of the store's.
 
-*server* (``--server``): ``memory-proxy serve`` on its own CPU, the turns sent by this
+*server* (``--server``): ``memory-proxy serve`` for each checkout, the turns sent by this
 process over HTTP; CPU per cold turn is the server's (``/proc/PID/task/*/schedstat``), as
 ``bench/run.py`` measures it.
 
-Every child reads a copy of the same populated SQLite database (Redis: the sessions are
-written again before each child), so each impl meets the same histories; the upstream
-request bodies are hashed (after the timed turns) and compared across impls: the window
-the proxy sends must be the same.
+Every checkout reads a copy of the same populated SQLite database (Redis: a database of
+its own, written the same way), so each meets the same histories; the upstream request
+bodies of the in-process runs are hashed (after the timed turns) and compared across
+checkouts: the window the proxy sends must be the same.
 
     python bench/cold_turn.py                          # this checkout, SQLite
     python bench/cold_turn.py --baseline DIR           # side by side with DIR's packages
-    python bench/cold_turn.py --backend both --server --baseline DIR --repeats 5
+    python bench/cold_turn.py --backend both --server --baseline DIR
 
 ``--baseline DIR``: a directory holding another copy of the ``proxy``, ``strategies`` and
-``storage`` packages (a worktree of an earlier commit), put ahead of this repository on
-the children's ``sys.path``. Runs alternate between the impls; the numbers printed are
-medians over the repeats (the best repeat beside them).
+``storage`` packages (e.g. ``git worktree add DIR <commit>``), put ahead of this
+repository on the children's ``sys.path``.
 """
 
 from __future__ import annotations
@@ -40,7 +42,6 @@ import asyncio
 import collections
 import contextlib
 import functools
-import gc
 import hashlib
 import http.client
 import json
@@ -62,6 +63,8 @@ TESTS = ROOT / "tests"
 # the steps of proxy/turn/pipeline.py a turn is split into, as the module names them
 STEPS = ("identify_turn", "incoming", "load", "sync", "select", "render", "finish")
 STORE_CALLS = ("load", "get_range", "append_turn")
+# SQLite's jobs for those calls, timed on the store's thread (thread_time)
+STORE_JOBS = {"load": "sqlite.load", "get_range": "sqlite.get_range", "append": "sqlite.append"}
 
 
 def _import_path(impl: str | None) -> None:
@@ -135,119 +138,12 @@ def timed_steps(clock: Clock) -> Iterator[None]:
             setattr(pipeline, name, function)
 
 
-async def _turn(client: Any, session: str, body: bytes) -> None:
-    import populate
-
-    response = await client.post(
-        f"/agents/{populate.DEFAULT_AGENT}/sessions/{session}/v1/chat/completions", content=body
-    )
-    if response.status_code != 200:
-        raise RuntimeError(f"turn failed: {response.status_code} {response.text[:300]}")
-
-
-def request_body() -> bytes:
-    import orjson
-    import populate
-
-    return orjson.dumps({"model": populate.MODEL,
-                         "messages": [{"role": "user", "content": "What should we check first?"}]})
-
-
-def _digest(bodies: list[dict[str, Any]]) -> str:
-    import orjson
-
-    digest = hashlib.sha256()
-    for body in bodies:
-        digest.update(orjson.dumps(body, option=orjson.OPT_SORT_KEYS))
-    return digest.hexdigest()[:16]
-
-
-async def measure_in_process(
-    url: str, upstream: str, agents: Path, sessions: list[str], profile: bool
-) -> dict[str, Any]:
-    """Cold turns on ``sessions[1:]`` (the first one warms the process up, untimed)."""
-    import httpx
-    import populate
-
-    from proxy.http.app import create_app
-    from proxy.settings import Settings
-    from storage.registry import open_store
-
-    clock = Clock()
-    settings = Settings(store_url=url, upstream_url=upstream, agents_dir=agents,
-                        log_level="warning")
-    app = create_app(settings, store=TimedStore(open_store(url), clock))
-    services = app.state.services
-    bodies: list[dict[str, Any]] = []
-    chat = services.upstream.chat
-
-    async def recorded_chat(request: Any) -> Any:
-        bodies.append(request.body)  # hashed after the timed turns
-        return await chat(request)
-
-    services.upstream.chat = recorded_chat
-    body = request_body()
-    headers = {"Authorization": f"Bearer {populate.API_KEY}",
-               "Content-Type": "application/json"}
-    profiler = None
-    async with app.router.lifespan_context(app), httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), base_url="http://proxy", headers=headers,
-        timeout=60,
-    ) as client:
-        await _turn(client, sessions[0], body)
-        await services.drain()
-        bodies.clear()
-        clock.spent.clear()
-        clock.calls.clear()
-        per_turn = []
-        if profile:
-            import cProfile
-
-            profiler = cProfile.Profile()
-            store_profiler = cProfile.Profile()
-        with timed_steps(clock), timed_store_jobs(clock), \
-                profiled_store_jobs(store_profiler if profile else None):
-            for session in sessions[1:]:
-                gc.collect()
-                if profiler is not None:
-                    profiler.enable()
-                started = time.process_time()
-                await _turn(client, session, body)
-                await services.drain()
-                per_turn.append(time.process_time() - started)
-                if profiler is not None:
-                    profiler.disable()
-    turns = len(per_turn)
-    steps = {name: clock.spent[name] / turns * 1e3 for name in (*STEPS, *(
-        f"store.{call}" for call in STORE_CALLS), *STORE_JOBS.values())}
-    out: dict[str, Any] = {
-        "turns": turns,
-        "cpu_ms": statistics.mean(per_turn) * 1e3,
-        "cpu_p50_ms": statistics.median(per_turn) * 1e3,
-        "steps_ms": steps,
-        "store_calls": {f"store.{c}": clock.calls[f"store.{c}"] / turns for c in STORE_CALLS},
-        "window_messages": statistics.mean(len(b["messages"]) for b in bodies),
-        "bodies": _digest(bodies),
-    }
-    if profiler is not None:
-        out["profile"] = _top(profiler, turns)
-        out["store_profile"] = _top(store_profiler, turns, 25)
-    return out
-
-
-# SQLite's jobs for the store calls above, timed on the store's thread (thread_time)
-STORE_JOBS = {"load": "sqlite.load", "get_range": "sqlite.get_range", "append": "sqlite.append"}
-
-
 @contextlib.contextmanager
 def timed_store_jobs(clock: Clock) -> Iterator[None]:
     """The CPU of SQLite's turn jobs on the store's thread alone (nothing for Redis): what
     the store calls cost besides the hop to the thread and back."""
-    try:
-        from storage import sqlite_turns
-    except ImportError:
-        yield
-        return
+    from storage import sqlite_turns
+
     saved = {name: getattr(sqlite_turns, name) for name in STORE_JOBS}
 
     def timed(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
@@ -278,7 +174,7 @@ def profiled_store_jobs(profiler: Any) -> Iterator[None]:
         return
     from storage import sqlite_turns
 
-    saved = {name: getattr(sqlite_turns, name) for name in ("load", "get_range", "append")}
+    saved = {name: getattr(sqlite_turns, name) for name in STORE_JOBS}
     for name, function in saved.items():
         setattr(sqlite_turns, name, functools.partial(profiler.runcall, function))
     try:
@@ -288,7 +184,112 @@ def profiled_store_jobs(profiler: Any) -> Iterator[None]:
             setattr(sqlite_turns, name, function)
 
 
-def _top(profiler: Any, turns: int, count: int = 70) -> list[tuple[str, float, float, float]]:
+def request_body() -> bytes:
+    import orjson
+    import populate
+
+    return orjson.dumps({"model": populate.MODEL,
+                         "messages": [{"role": "user", "content": "What should we check first?"}]})
+
+
+def turn_path(session: str) -> str:
+    import populate
+
+    return f"/agents/{populate.DEFAULT_AGENT}/sessions/{session}/v1/chat/completions"
+
+
+def _digest(bodies: list[dict[str, Any]]) -> str:
+    import orjson
+
+    digest = hashlib.sha256()
+    for body in bodies:
+        digest.update(orjson.dumps(body, option=orjson.OPT_SORT_KEYS))
+    return digest.hexdigest()[:16]
+
+
+async def serve_turns(url: str, upstream: str, agents: Path, profile: bool) -> None:
+    """The app in this process, turns on the sessions the parent names on stdin: ``warm
+    SESSION`` (untimed), ``turn SESSION`` (answers its CPU and steps as a JSON line),
+    ``done`` (answers the bodies' digest, the store calls and profiles, and ends)."""
+    import httpx
+    import populate
+
+    from proxy.http.app import create_app
+    from proxy.settings import Settings
+    from storage.registry import open_store
+
+    clock = Clock()
+    # as `memory-proxy serve` runs (start-up frozen out of the GC's sight, fewer young
+    # collections); the turns' own collections are part of their cost
+    settings = Settings(store_url=url, upstream_url=upstream, agents_dir=agents,
+                        log_level="warning", tune_gc=True)
+    app = create_app(settings, store=TimedStore(open_store(url), clock))
+    services = app.state.services
+    bodies: list[dict[str, Any]] = []
+    chat = services.upstream.chat
+
+    async def recorded_chat(request: Any) -> Any:
+        bodies.append(request.body)  # hashed after the timed turns
+        return await chat(request)
+
+    services.upstream.chat = recorded_chat
+    body = request_body()
+    headers = {"Authorization": f"Bearer {populate.API_KEY}",
+               "Content-Type": "application/json"}
+    loop_profiler = store_profiler = None
+    if profile:
+        import cProfile
+
+        loop_profiler, store_profiler = cProfile.Profile(), cProfile.Profile()
+    turns = 0
+    async with app.router.lifespan_context(app), httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://proxy", headers=headers,
+        timeout=60,
+    ) as client:
+
+        async def turn(session: str) -> None:
+            response = await client.post(turn_path(session), content=body)
+            if response.status_code != 200:
+                raise RuntimeError(f"turn failed: {response.status_code} {response.text[:300]}")
+            await services.drain()
+
+        with timed_steps(clock), timed_store_jobs(clock), \
+                profiled_store_jobs(store_profiler):
+            for line in sys.stdin:
+                command, _, session = line.strip().partition(" ")
+                if command == "done":
+                    break
+                if command == "warm":
+                    await turn(session)
+                    bodies.clear()
+                    clock.calls.clear()
+                    print("{}", flush=True)
+                    continue
+                clock.spent.clear()
+                if loop_profiler is not None:
+                    loop_profiler.enable()
+                started = time.process_time()
+                await turn(session)
+                cpu = time.process_time() - started
+                if loop_profiler is not None:
+                    loop_profiler.disable()
+                turns += 1
+                print(json.dumps({"cpu_ms": cpu * 1e3,
+                                  "steps_ms": {k: v * 1e3 for k, v in clock.spent.items()}}),
+                      flush=True)
+    out: dict[str, Any] = {
+        "store_calls": {f"store.{c}": clock.calls[f"store.{c}"] / max(turns, 1)
+                        for c in STORE_CALLS},
+        "window_messages": statistics.mean(len(b["messages"]) for b in bodies),
+        "bodies": _digest(bodies),
+    }
+    if loop_profiler is not None and store_profiler is not None:
+        out["profile"] = _top(loop_profiler, turns)
+        out["store_profile"] = _top(store_profiler, turns, 25)
+    print(json.dumps(out), flush=True)
+
+
+def _top(profiler: Any, turns: int, count: int = 50) -> list[tuple[str, float, float, float]]:
     """cProfile's heaviest functions: name, calls, own and cumulative ms per turn."""
     import pstats
 
@@ -296,142 +297,183 @@ def _top(profiler: Any, turns: int, count: int = 70) -> list[tuple[str, float, f
     rows = []
     for (path, line, name), (_, calls, own, cumulative, _) in stats.items():
         where = f"{Path(path).parent.name}/{Path(path).name}:{line}({name})"
-        rows.append((where, calls / turns, own / turns * 1e3, cumulative / turns * 1e3))
+        rows.append((where, calls / max(turns, 1), own / max(turns, 1) * 1e3,
+                     cumulative / max(turns, 1) * 1e3))
     rows.sort(key=lambda row: row[2], reverse=True)
     return rows[:count]
-
-
-def measure_server(
-    impl: str | None, url: str, upstream: str, agents: Path, sessions: list[str],
-    cpus: str | None,
-) -> dict[str, Any]:
-    """Cold turns through ``memory-proxy serve`` (``impl``'s packages first on its path)."""
-    import populate
-    import servers
-
-    env = {"PYTHONPATH": os.pathsep.join([*([str(Path(impl).resolve())] if impl else []),
-                                          str(ROOT)])}
-    server = servers.memory_proxy("cold-turn", upstream, url, agents, cpus, env=env)
-    body = request_body()
-    headers = {"Authorization": f"Bearer {populate.API_KEY}",
-               "Content-Type": "application/json"}
-    with server:
-        conn = http.client.HTTPConnection(servers.LOOPBACK, server.port, timeout=60)
-
-        def turn(session: str) -> None:
-            conn.request("POST", f"/agents/{populate.DEFAULT_AGENT}/sessions/{session}"
-                         "/v1/chat/completions", body=body, headers=headers)
-            response = conn.getresponse()
-            data = response.read()
-            if response.status != 200:
-                raise RuntimeError(f"turn failed: {response.status} {data[:300]!r}")
-
-        turn(sessions[0])
-        time.sleep(0.2)
-        per_turn, walls = [], []
-        for session in sessions[1:]:
-            cpu, began = server.cpu_seconds(), time.perf_counter()
-            turn(session)
-            walls.append(time.perf_counter() - began)
-            time.sleep(0.05)  # anything the turn left running in the background finishes
-            per_turn.append(server.cpu_seconds() - cpu)
-        conn.close()
-    return {"turns": len(per_turn), "cpu_ms": statistics.mean(per_turn) * 1e3,
-            "cpu_p50_ms": statistics.median(per_turn) * 1e3,
-            "wall_p50_ms": statistics.median(walls) * 1e3}
 
 
 def child(args: argparse.Namespace) -> None:
     _import_path(args.impl)
     import proxy
 
+    print(json.dumps({"proxy": str(Path(proxy.__file__).resolve().parent.parent)}), flush=True)
     if args.loop == "uvloop":
         import uvloop
 
         uvloop.install()
-    sessions = json.loads(args.sessions_json)
-    if args.server:
-        out = measure_server(args.impl, args.url, args.upstream, Path(args.agents), sessions,
-                             args.cpus)
-    else:
-        if args.cpus:
-            os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
-        out = asyncio.run(measure_in_process(args.url, args.upstream, Path(args.agents),
-                                             sessions, args.profile))
-    out["proxy"] = str(Path(proxy.__file__).resolve().parent.parent)
-    print(json.dumps(out))
+    asyncio.run(serve_turns(args.url, args.upstream, Path(args.agents), args.profile))
 
 
 # ------------------------------------------------------------------------------- parent
 
 
+class InProcess:
+    """One checkout's app in a child process, a turn at a time."""
+
+    def __init__(self, args: argparse.Namespace, impl: str | None, url: str, upstream: str,
+                 agents: Path) -> None:
+        command = [sys.executable, __file__, "--child", "--url", url, "--upstream", upstream,
+                   "--agents", str(agents), "--loop", args.loop]
+        if impl:
+            command += ["--impl", impl]
+        if args.profile:
+            command.append("--profile")
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        text=True, bufsize=1)
+        self.proxy = self._read()["proxy"]
+
+    def _read(self) -> dict[str, Any]:
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the child ended (exit {self.process.wait()})")
+        return dict(json.loads(line))
+
+    def _send(self, command: str) -> dict[str, Any]:
+        assert self.process.stdin is not None
+        self.process.stdin.write(command + "\n")
+        return self._read()
+
+    def warm(self, session: str) -> None:
+        self._send(f"warm {session}")
+
+    def turn(self, session: str) -> dict[str, Any]:
+        return self._send(f"turn {session}")
+
+    def done(self) -> dict[str, Any]:
+        out = self._send("done")
+        self.process.wait(timeout=30)
+        return out
+
+
+class OverHttp:
+    """One checkout's ``memory-proxy serve``, a turn at a time; its CPU per turn."""
+
+    def __init__(self, args: argparse.Namespace, impl: str | None, url: str, upstream: str,
+                 agents: Path) -> None:
+        import servers
+
+        path = [*([str(Path(impl).resolve())] if impl else []), str(ROOT)]
+        self.server = servers.memory_proxy(
+            f"cold-turn-{'baseline' if impl else 'current'}", upstream, url, agents,
+            args.cpus, env={"PYTHONPATH": os.pathsep.join(path)},
+        ).start()
+        self.proxy = path[0]
+        self.conn = http.client.HTTPConnection(servers.LOOPBACK, self.server.port, timeout=60)
+        self.body = request_body()
+
+    def _post(self, session: str) -> None:
+        import populate
+
+        self.conn.request("POST", turn_path(session), body=self.body, headers={
+            "Authorization": f"Bearer {populate.API_KEY}", "Content-Type": "application/json"})
+        response = self.conn.getresponse()
+        data = response.read()
+        if response.status != 200:
+            raise RuntimeError(f"turn failed: {response.status} {data[:300]!r}")
+
+    def warm(self, session: str) -> None:
+        self._post(session)
+
+    def turn(self, session: str) -> dict[str, Any]:
+        cpu = self.server.cpu_seconds()
+        self._post(session)
+        time.sleep(0.02)  # anything the turn left running in the background finishes
+        return {"cpu_ms": (self.server.cpu_seconds() - cpu) * 1e3, "steps_ms": {}}
+
+    def done(self) -> dict[str, Any]:
+        self.conn.close()
+        self.server.stop()
+        return {}
+
+
 def populate_sessions(url: str, sessions: list[str], stored: int) -> None:
-    _import_path(None)
     import populate
 
     asyncio.run(populate.populate(url, populate.DEFAULT_AGENT, sessions, stored))
 
 
-def run_child(args: argparse.Namespace, impl: str | None, url: str, upstream: str,
-              agents: Path, sessions: list[str]) -> dict[str, Any]:
-    command = [sys.executable, __file__, "--child", "--url", url, "--upstream", upstream,
-               "--agents", str(agents), "--sessions-json", json.dumps(sessions),
-               "--loop", args.loop]
-    if impl:
-        command += ["--impl", impl]
-    if args.server:
-        command.append("--server")
-    if args.profile:
-        command.append("--profile")
-    if args.cpus:
-        command += ["--cpus", args.cpus]
-    done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode:
-        raise RuntimeError(f"child failed:\n{done.stderr[-3000:]}")
-    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+def run_round(args: argparse.Namespace, impls: list[tuple[str, str | None]],
+              urls: dict[str, str], upstream: str, agents: Path,
+              sessions: list[str]) -> dict[str, dict[str, Any]]:
+    """One child (or server) per checkout; each session's cold turn in each, alternating
+    which checkout goes first."""
+    runner = OverHttp if args.server else InProcess
+    runs = {name: runner(args, impl, urls[name], upstream, agents) for name, impl in impls}
+    out: dict[str, dict[str, Any]] = {name: {"turns": [], "proxy": run.proxy}
+                                      for name, run in runs.items()}
+    try:
+        for name in runs:
+            runs[name].warm(sessions[0])
+        for index, session in enumerate(sessions[1:]):
+            order = list(runs) if index % 2 == 0 else list(reversed(runs))
+            for name in order:
+                out[name]["turns"].append(runs[name].turn(session))
+    finally:
+        for name, run in runs.items():
+            out[name] |= run.done()
+    return out
 
 
-def report(args: argparse.Namespace, results: dict[tuple[str, str], list[dict[str, Any]]],
-           backends: list[str], impls: list[tuple[str, str | None]]) -> None:
+def report(args: argparse.Namespace, rounds: dict[str, list[dict[str, dict[str, Any]]]],
+           impls: list[tuple[str, str | None]]) -> None:
     how = "server CPU (schedstat)" if args.server else "process CPU (in process, httpx client)"
-    print(f"\nCOLD TURN: {args.stored:,} stored messages, default strategy, "
-          f"{args.sessions} cold turns per run, {args.repeats} runs per impl; {how}")
-    print(f"{'backend':8} {'impl':9} {'cpu/turn':>9} {'best':>7} {'p50 turn':>9} "
-          f"{'window':>7} {'rt/turn':>7}  bodies")
-    for backend in backends:
+    print(f"\nCOLD TURN: {args.stored:,} stored messages, default strategy, {args.sessions} "
+          f"cold turns per round, {args.rounds} rounds; {how}, ms per turn")
+    print(f"{'backend':8} {'impl':9} {'mean':>7} {'median':>7} {'best rnd':>8} {'window':>7} "
+          f"{'rt/turn':>7}  bodies")
+    for backend, runs in rounds.items():
         for name, _ in impls:
-            runs = results[(backend, name)]
-            cpu = [r["cpu_ms"] for r in runs]
-            trips = sum(runs[0].get("store_calls", {}).values())
-            print(f"{backend:8} {name:9} {statistics.median(cpu):9.2f} {min(cpu):7.2f} "
-                  f"{statistics.median(r['cpu_p50_ms'] for r in runs):9.2f} "
-                  f"{runs[0].get('window_messages', 0):7.0f} {trips:7.2f}  "
-                  f"{','.join(sorted({r.get('bodies', '-') for r in runs}))}")
+            cpu = [t["cpu_ms"] for run in runs for t in run[name]["turns"]]
+            by_round = [statistics.mean(t["cpu_ms"] for t in run[name]["turns"]) for run in runs]
+            trips = sum(runs[0][name].get("store_calls", {}).values())
+            print(f"{backend:8} {name:9} {statistics.mean(cpu):7.2f} {statistics.median(cpu):7.2f}"
+                  f" {min(by_round):8.2f} {runs[0][name].get('window_messages', 0):7.0f} "
+                  f"{trips:7.2f}  {','.join(sorted({r[name].get('bodies', '-') for r in runs}))}")
         if len(impls) == 2:
-            old = statistics.median(r["cpu_ms"] for r in results[(backend, impls[0][0])])
-            new = statistics.median(r["cpu_ms"] for r in results[(backend, impls[1][0])])
-            print(f"{backend}: current {new:.2f} ms vs baseline {old:.2f} ms "
-                  f"({new / old:.2f}x)")
+            (old, _), (new, _) = impls
+            pairs = [b["cpu_ms"] / a["cpu_ms"] for run in runs
+                     for a, b in zip(run[old]["turns"], run[new]["turns"], strict=True)]
+            mean_old = statistics.mean(t["cpu_ms"] for r in runs for t in r[old]["turns"])
+            mean_new = statistics.mean(t["cpu_ms"] for r in runs for t in r[new]["turns"])
+            print(f"{backend}: {new} {mean_new:.2f} ms vs {old} {mean_old:.2f} ms per turn: "
+                  f"{mean_new / mean_old:.2f}x (median of the paired turns' ratios "
+                  f"{statistics.median(pairs):.2f}x)")
     if args.server:
         return
-    print("\nCPU ms per cold turn by step (medians over the runs; store.* are inside load "
-          "and finish)")
-    columns = [(backend, name) for backend in backends for name, _ in impls]
+    print("\nCPU ms per cold turn by step (means; store.* are inside load and finish, sqlite.*"
+          " on the store's thread inside those)")
+    columns = [(backend, name) for backend in rounds for name, _ in impls]
     print(f"{'step':18}" + "".join(f"{f'{b}/{n}':>18}" for b, n in columns))
-    steps = list(results[columns[0]][0]["steps_ms"])
-    for step in steps:
-        cells = [statistics.median(r["steps_ms"][step] for r in results[c]) for c in columns]
-        print(f"{step:18}" + "".join(f"{cell:18.3f}" for cell in cells))
-    rest = [statistics.median(r["cpu_ms"] - sum(r["steps_ms"][s] for s in STEPS)
-                              for r in results[c]) for c in columns]
-    print(f"{'(http, forward)':18}" + "".join(f"{cell:18.3f}" for cell in rest))
-    for column in columns:
+
+    def step_mean(column: tuple[str, str], step: str) -> float:
+        backend, name = column
+        turns = [t for run in rounds[backend] for t in run[name]["turns"]]
+        if step == "(http, forward)":
+            return statistics.mean(t["cpu_ms"] - sum(t["steps_ms"].get(s, 0.0) for s in STEPS)
+                                   for t in turns)
+        return statistics.mean(t["steps_ms"].get(step, 0.0) for t in turns)
+
+    for step in (*STEPS, *(f"store.{c}" for c in STORE_CALLS), *STORE_JOBS.values(),
+                 "(http, forward)"):
+        print(f"{step:18}" + "".join(f"{step_mean(c, step):18.3f}" for c in columns))
+    for backend, name in columns:
         for part in ("profile", "store_profile"):
-            profile = results[column][0].get(part)
+            profile = rounds[backend][0][name].get(part)
             if profile:
-                print(f"\ncProfile ({'the store thread' if part != 'profile' else 'the loop'}"
-                      f"), {column[0]}/{column[1]}, first run: own ms, cumulative ms, calls "
-                      "per turn")
+                print(f"\ncProfile ({'the loop' if part == 'profile' else 'the store thread'}),"
+                      f" {backend}/{name}, first round: own ms, cumulative ms, calls per turn")
                 for where, calls, own, cumulative in profile:
                     print(f"  {own:7.3f} {cumulative:7.3f} {calls:8.0f}  {where}")
 
@@ -439,22 +481,21 @@ def report(args: argparse.Namespace, results: dict[tuple[str, str], list[dict[st
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", choices=["sqlite", "redis", "both"], default="sqlite")
-    parser.add_argument("--sessions", type=int, default=20, help="cold turns per run")
+    parser.add_argument("--sessions", type=int, default=20, help="cold turns per round")
     parser.add_argument("--stored", type=int, default=10_000)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--baseline", help="a directory holding another proxy/, strategies/"
                         " and storage/")
     parser.add_argument("--server", action="store_true",
                         help="measure memory-proxy serve's CPU instead of running in process")
     parser.add_argument("--profile", action="store_true", help="cProfile the timed turns")
-    parser.add_argument("--cpus", help="pin the measured process to these CPUs (e.g. 1)")
+    parser.add_argument("--cpus", help="--server: pin the servers to these CPUs (e.g. 1)")
     parser.add_argument("--loop", choices=["asyncio", "uvloop"], default="uvloop")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--impl", help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--upstream", help=argparse.SUPPRESS)
     parser.add_argument("--agents", help=argparse.SUPPRESS)
-    parser.add_argument("--sessions-json", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args)
@@ -472,7 +513,7 @@ def main() -> None:
     if args.baseline:
         impls.insert(0, ("baseline", args.baseline))
     sessions = populate.session_ids(f"cold-{os.urandom(3).hex()}", args.sessions + 1)
-    results: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    rounds: dict[str, list[dict[str, dict[str, Any]]]] = {b: [] for b in backends}
     with tempfile.TemporaryDirectory(prefix="cold-turn-") as tmp, \
             servers.instant_upstream(None) as upstream:
         agents = populate.write_agents(Path(tmp) / "agents")
@@ -484,30 +525,31 @@ def main() -> None:
                 populate_sessions(f"sqlite:///{template}", sessions, args.stored)
                 print(f"populated {len(sessions)} sessions of {args.stored:,} in "
                       f"{time.perf_counter() - began:.1f} s", file=sys.stderr)
-            for repeat in range(args.repeats):
+            for index in range(args.rounds):
                 for backend in backends:
-                    for name, impl in impls:
+                    urls = {}
+                    for number, (name, _) in enumerate(impls):
                         if backend == "sqlite":
-                            copy = Path(tmp) / "run.db"
+                            copy = Path(tmp) / f"{name}.db"
                             for suffix in ("", "-wal", "-shm"):
                                 Path(f"{copy}{suffix}").unlink(missing_ok=True)
-                            for suffix in ("", "-wal"):
-                                if Path(f"{template}{suffix}").exists():
+                                if suffix != "-shm" and Path(f"{template}{suffix}").exists():
                                     shutil.copyfile(f"{template}{suffix}", f"{copy}{suffix}")
-                            url = f"sqlite:///{copy}"
+                            urls[name] = f"sqlite:///{copy}"
                         else:
                             assert redis is not None
-                            url = redis.url
-                            flush_redis(url)
-                            populate_sessions(url, sessions, args.stored)
-                        out = run_child(args, impl, url, upstream.url, agents, sessions)
-                        results.setdefault((backend, name), []).append(out)
-                        print(f"run {repeat + 1} {backend} {name}: {out['cpu_ms']:.2f} ms "
-                              f"({out['proxy']})", file=sys.stderr)
+                            urls[name] = redis.url.rsplit("/", 1)[0] + f"/{number}"
+                            flush_redis(urls[name])
+                            populate_sessions(urls[name], sessions, args.stored)
+                    run = run_round(args, impls, urls, upstream.url, agents, sessions)
+                    rounds[backend].append(run)
+                    print(f"round {index + 1} {backend}: " + ", ".join(
+                        f"{name} {statistics.mean(t['cpu_ms'] for t in run[name]['turns']):.2f}"
+                        f" ms ({run[name]['proxy']})" for name, _ in impls), file=sys.stderr)
         finally:
             if redis is not None:
                 redis.close()
-    report(args, results, backends, impls)
+    report(args, rounds, impls)
 
 
 if __name__ == "__main__":
