@@ -13,6 +13,10 @@ from strategies.records import StoredMessage
 __all__ = ["encode_message", "message_from_body"]
 
 
+# the fields ``encode_message`` writes for every message
+ALWAYS_WRITTEN = ("role", "content", "tokens", "fingerprint", "created_at")
+
+
 def encode_message(message: StoredMessage, now: float) -> bytes:
     """The message's stored JSON object: seq, chain and compressed_content are kept beside
     it by each backend."""
@@ -39,7 +43,18 @@ def message_from_body(
 ) -> StoredMessage:
     """A StoredMessage from its stored JSON object (as written by the backends) plus the
     fields the backend keeps beside it. Positional arguments: a third cheaper than
-    keywords, and a turn may decode 500 messages."""
+    keywords, and a cold turn may decode 2,000 messages."""
+    if len(body) == len(ALWAYS_WRITTEN):
+        # what ``encode_message`` always writes and nothing else (no tool calls, name or
+        # meta: most messages), read without a lookup per absent field; a body of other
+        # keys (one written before) fails a read and takes the general path
+        try:
+            return StoredMessage(
+                body["role"], body["content"], body["tokens"], body["fingerprint"], None,
+                None, None, compressed, {}, seq, chain, body["created_at"],
+            )  # fmt: skip
+        except KeyError:
+            pass
     get = body.get
     return StoredMessage(
         body["role"], get("content"), get("tokens", 0), get("fingerprint", ""),
