@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
+from itertools import accumulate
 from typing import Any
 
 from strategies.base import (
@@ -113,6 +114,8 @@ def fit_sizes(
 ) -> int:
     """``fit_tail`` over the items' sizes, against a precomputed (rounded) token limit:
     the same comparison as ``exceeds``, without a call per unit."""
+    if len(units) == len(sizes) and calibration >= 0 and min(sizes, default=0) >= 0:
+        return _fit_singles(sizes, turn_start, fixed=fixed, limit=limit, calibration=calibration)
     total = fixed
     keep_from = len(sizes)
     for start, end in reversed(units):
@@ -122,6 +125,19 @@ def fit_sizes(
         total += size
         keep_from = start
     return keep_from
+
+
+def _fit_singles(
+    sizes: Sequence[int], turn_start: int, *, fixed: int, limit: float, calibration: float
+) -> int:
+    """``fit_sizes`` when every unit is one message (no tool calls: most windows): the
+    running totals of the older messages, newest first, added up in C, and the first that
+    no longer fits found by bisection (they only grow: no size is negative, the
+    calibration is not)."""
+    current = min(max(turn_start, 0), len(sizes))  # the current turn's: always kept
+    totals = list(accumulate(reversed(sizes[:current]), initial=fixed + sum(sizes[current:])))
+    over = bisect.bisect_left(totals, True, lo=1, key=lambda total: total * calibration > limit)
+    return current - over + 1
 
 
 def window_anchor(messages: Sequence[StoredMessage]) -> int | None:
@@ -231,7 +247,8 @@ class SummarizingWindowStrategy:
                 context_window,
                 under_pressure=True,
                 calibration=calibration,
-                eligible=frozenset([m.seq for m in live[held:]]),
+                # the seqs from live[held] on (seqs ascend: a range holds the same ones)
+                eligible=range(live[held].seq, live[-1].seq + 1) if held < len(live) else (),
                 count_tokens=ctx.count_tokens,
             )
         if stubs:

@@ -34,9 +34,11 @@ def tool_units(messages: Sequence[StoredMessage]) -> list[tuple[int, int]]:
     unit of its own.
     """
     n = len(messages)
+    if not any([m.tool_calls for m in messages]):  # most windows: no unit of several
+        return list(zip(range(n), range(1, n + 1), strict=True))
     calls = [i for i, m in enumerate(messages) if m.tool_calls and m.role == "assistant"]
     if not calls:
-        return [(i, i + 1) for i in range(n)]
+        return list(zip(range(n), range(1, n + 1), strict=True))
     units: list[tuple[int, int]] = []
     i = 0
     for call in calls:  # a unit ends at the first non-tool message, so call >= i
