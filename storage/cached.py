@@ -73,7 +73,7 @@ Slot = tuple[SessionKey, LoadSpec]
 
 
 def estimated_bytes(messages: Sequence[StoredMessage]) -> int:
-    size = MESSAGE_OVERHEAD * len(messages) + BYTES_PER_TOKEN * sum(m.tokens for m in messages)
+    size = MESSAGE_OVERHEAD * len(messages) + BYTES_PER_TOKEN * sum([m.tokens for m in messages])
     for message in messages:
         if message.tool_call_id or message.tool_calls or message.name:
             size += len(message.tool_call_id or "") + len(message.name or "")

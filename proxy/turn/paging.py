@@ -113,9 +113,10 @@ async def fill_page(
         held += sum(page_sizes)
         grown = True
     cut = _trimmed(messages, sizes, held, target, spec.limit)
-    if not cut and not grown:
-        return
-    snapshot.messages = messages[cut:]
+    if cut:
+        snapshot.messages = messages[cut:]
+    elif grown:
+        snapshot.messages = messages  # a list of its own already
 
 
 async def fill_for(
