@@ -63,6 +63,8 @@ TESTS = ROOT / "tests"
 # the steps of proxy/turn/pipeline.py a turn is split into, as the module names them
 STEPS = ("identify_turn", "incoming", "load", "sync", "select", "render", "finish")
 STORE_CALLS = ("load", "get_range", "append_turn")
+# the session cache bench/run.py runs its servers with (MEMORY_PROXY_SESSION_CACHE_MB)
+CACHE_MB = 256
 # SQLite's jobs for those calls, timed on the store's thread (thread_time)
 STORE_JOBS = {"load": "sqlite.load", "get_range": "sqlite.get_range", "append": "sqlite.append"}
 
@@ -220,9 +222,10 @@ async def serve_turns(url: str, upstream: str, agents: Path, profile: bool) -> N
 
     clock = Clock()
     # as `memory-proxy serve` runs (start-up frozen out of the GC's sight, fewer young
-    # collections); the turns' own collections are part of their cost
+    # collections; the turns' own collections are part of their cost), with the session
+    # cache bench/run.py gives it (no session is evicted over the run)
     settings = Settings(store_url=url, upstream_url=upstream, agents_dir=agents,
-                        log_level="warning", tune_gc=True)
+                        log_level="warning", tune_gc=True, session_cache_mb=CACHE_MB)
     app = create_app(settings, store=TimedStore(open_store(url), clock))
     services = app.state.services
     bodies: list[dict[str, Any]] = []
@@ -232,7 +235,7 @@ async def serve_turns(url: str, upstream: str, agents: Path, profile: bool) -> N
         bodies.append(request.body)  # hashed after the timed turns
         return await chat(request)
 
-    services.upstream.chat = recorded_chat
+    services.upstream.chat = clock.wrap_async("upstream.chat", recorded_chat)
     body = request_body()
     headers = {"Authorization": f"Bearer {populate.API_KEY}",
                "Content-Type": "application/json"}
@@ -367,7 +370,8 @@ class OverHttp:
         path = [*([str(Path(impl).resolve())] if impl else []), str(ROOT)]
         self.server = servers.memory_proxy(
             f"cold-turn-{'baseline' if impl else 'current'}", upstream, url, agents,
-            args.cpus, env={"PYTHONPATH": os.pathsep.join(path)},
+            args.cpus, env={"PYTHONPATH": os.pathsep.join(path),
+                            "MEMORY_PROXY_SESSION_CACHE_MB": str(CACHE_MB)},
         ).start()
         self.proxy = path[0]
         self.conn = http.client.HTTPConnection(servers.LOOPBACK, self.server.port, timeout=60)
@@ -453,7 +457,7 @@ def report(args: argparse.Namespace, rounds: dict[str, list[dict[str, dict[str, 
     if args.server:
         return
     print("\nCPU ms per cold turn by step (means; store.* are inside load and finish, sqlite.*"
-          " on the store's thread inside those)")
+          " on the store's thread inside those; upstream.chat, the call, is in the rest)")
     columns = [(backend, name) for backend in rounds for name, _ in impls]
     print(f"{'step':18}" + "".join(f"{f'{b}/{n}':>18}" for b, n in columns))
 
@@ -466,7 +470,7 @@ def report(args: argparse.Namespace, rounds: dict[str, list[dict[str, dict[str, 
         return statistics.mean(t["steps_ms"].get(step, 0.0) for t in turns)
 
     for step in (*STEPS, *(f"store.{c}" for c in STORE_CALLS), *STORE_JOBS.values(),
-                 "(http, forward)"):
+                 "upstream.chat", "(http, forward)"):
         print(f"{step:18}" + "".join(f"{step_mean(c, step):18.3f}" for c in columns))
     for backend, name in columns:
         for part in ("profile", "store_profile"):
