@@ -157,6 +157,15 @@ def make_valid(items: list[WindowItem]) -> tuple[list[WindowItem], int]:
     return valid, len(items) - len(valid)
 
 
+def opening_with_a_user(items: list[WindowItem]) -> list[WindowItem]:
+    """``make_valid`` of items without tool calls or tool results (no unit to repair):
+    ``items`` from the first user message on (``items`` itself when it opens with one)."""
+    if items and items[0].message.role == "user":
+        return items
+    first = next((k for k, item in enumerate(items) if item.message.role == "user"), len(items))
+    return items[first:]
+
+
 def check_openai_messages(messages: list[dict[str, Any]]) -> list[str]:
     """Violations of the validity invariants in a rendered OpenAI ``messages`` list.
 

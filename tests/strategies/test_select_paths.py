@@ -53,7 +53,13 @@ from strategies.summarizing_window import (
 )
 from strategies.summary_prompt import sanitize_summary
 from strategies.truncation import CutMemory, cut_text, message_cap, truncate_item
-from strategies.validity import as_items, make_valid, tool_units, trim_to_units
+from strategies.validity import (
+    as_items,
+    make_valid,
+    opening_with_a_user,
+    tool_units,
+    trim_to_units,
+)
 
 STRATEGY = SummarizingWindowStrategy()
 
@@ -490,3 +496,13 @@ def test_fitting_one_message_units_keeps_what_the_unit_by_unit_rule_keeps(
         negative = [*sizes[:-1], -5]
         assert fit_sizes(negative, units, turn, **fit) == reference_fit(
             negative, units, turn, **fit)
+
+
+@_settings
+@given(st.lists(st.sampled_from(["user", "assistant", "system"]), max_size=12))
+def test_a_window_without_tools_opens_as_make_valid_opens_it(roles):
+    makers = {"user": user, "assistant": assistant,
+              "system": lambda text: StoredMessage(role="system", content=text)}  # type: ignore[arg-type]
+    items = as_items(history(*(makers[role](f"m{i}") for i, role in enumerate(roles))))
+
+    assert opening_with_a_user(list(items)) == make_valid(items)[0]
