@@ -10,7 +10,7 @@ import orjson
 
 from strategies.records import StoredMessage
 
-__all__ = ["encode_message", "message_from_body"]
+__all__ = ["encode_message", "message_from_body", "message_from_placed_body"]
 
 
 # the fields ``encode_message`` writes for every message
@@ -61,6 +61,21 @@ def message_from_body(
         get("tool_calls"), get("tool_call_id"), get("name"), compressed, get("meta") or {},
         seq, chain, get("created_at", 0.0),
     )  # fmt: skip
+
+
+def message_from_placed_body(body: dict[str, Any], compressed: str | None) -> StoredMessage:
+    """``message_from_body`` for a stored object that holds its own ``seq`` and ``chain``
+    (Redis writes them into it), the same way: read whole when it holds just those and the
+    fields every message has."""
+    if len(body) == len(ALWAYS_WRITTEN) + 2:
+        try:
+            return StoredMessage(
+                body["role"], body["content"], body["tokens"], body["fingerprint"], None,
+                None, None, compressed, {}, body["seq"], body["chain"], body["created_at"],
+            )  # fmt: skip
+        except KeyError:
+            pass
+    return message_from_body(body, body["seq"], body.get("chain", ""), compressed)
 
 
 if tuple(f.name for f in fields(StoredMessage) if f.init) != (

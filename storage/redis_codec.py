@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from storage.codec import encode_message, message_from_body
+from storage.codec import encode_message, message_from_placed_body
 from strategies.records import RangeBudget, ResponseRef, SessionMeta, StoredMessage, TurnWrite
 
 __all__ = [
@@ -76,14 +76,11 @@ def decode_array(
     by_seq = {int(seq): stub.decode() for seq, stub in zip(stubs[::2], stubs[1::2], strict=True)}
     stub = by_seq.get
     if budget is None:
-        return [
-            message_from_body(data, data["seq"], data.get("chain", ""), stub(data["seq"]))
-            for data in orjson.loads(array)
-        ]
+        return [message_from_placed_body(data, stub(data["seq"])) for data in orjson.loads(array)]
     found: list[StoredMessage] = []
     held, tokens, size = 0, budget.tokens, budget.size
     for data in reversed(orjson.loads(array)) if tokens > 0 else ():
-        message = message_from_body(data, data["seq"], data.get("chain", ""), stub(data["seq"]))
+        message = message_from_placed_body(data, stub(data["seq"]))
         found.append(message)
         held += message.tokens if message.compressed_content is None else size(message)
         if held >= tokens:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from storage.codec import encode_message, message_from_body
+from storage.codec import encode_message, message_from_body, message_from_placed_body
 from strategies.records import StoredMessage
 
 
@@ -35,6 +35,19 @@ def test_an_encoded_message_decodes_to_the_same_record(message: StoredMessage) -
         "chain", message.created_at,
     )  # fmt: skip
     assert decoded == expected
+    # a body that holds its seq and chain (as Redis stores it) decodes the same
+    placed = {"seq": 9, "chain": "chain", **orjson.loads(encode_message(message, now=1.0))}
+    assert message_from_placed_body(placed, "stub") == expected
+
+
+def test_a_placed_body_of_other_keys_decodes_what_it_holds() -> None:
+    # seven keys, as a placed body has, but a name where its chain would be
+    body = {"seq": 4, "role": "user", "content": "x", "tokens": 2, "fingerprint": "f",
+            "created_at": 3.0, "name": "ann"}
+
+    decoded = message_from_placed_body(body, None)
+
+    assert (decoded.seq, decoded.chain, decoded.name, decoded.created_at) == (4, "", "ann", 3.0)
 
 
 @pytest.mark.parametrize(
