@@ -285,7 +285,8 @@ class CachedStore:
             tokens, size, index = budget.tokens, budget.size, end
             while index > start and tokens > 0:
                 index -= 1
-                tokens -= size(held[index])
+                message = held[index]
+                tokens -= message.tokens if message.compressed_content is None else size(message)
             start, rest = index, replace(budget, tokens=tokens)
         before: list[StoredMessage] = []
         if from_seq < held[0].seq and (rest is None or rest.tokens > 0):
