@@ -95,8 +95,8 @@ class InProcess:
         self.process.stdin.write(command + "\n")
         return self._read()
 
-    def warm(self, session: str) -> None:
-        self._send(f"warm {session}")
+    def untimed(self, session: str) -> None:
+        self._send(f"untimed {session}")
 
     def turn(self, session: str) -> dict[str, Any]:
         return self._send(f"turn {session}")
@@ -134,14 +134,15 @@ class OverHttp:
         if response.status != 200:
             raise RuntimeError(f"turn failed: {response.status} {data[:300]!r}")
 
-    def warm(self, session: str) -> None:
+    def untimed(self, session: str) -> None:
         self._post(session)
 
     def turn(self, session: str) -> dict[str, Any]:
         cpu = self.server.cpu_seconds()
         self._post(session)
         time.sleep(0.02)  # anything the turn left running in the background finishes
-        return {"cpu_ms": (self.server.cpu_seconds() - cpu) * 1e3, "steps_ms": {}}
+        return {"cpu_ms": (self.server.cpu_seconds() - cpu) * 1e3, "steps_ms": {},
+                "store_calls": 0, "sent": 0}
 
     def done(self) -> dict[str, Any]:
         self.conn.close()
@@ -159,18 +160,19 @@ def run_round(args: argparse.Namespace, impls: list[tuple[str, str | None]],
               urls: dict[str, str], upstream: str, agents: Path,
               sessions: list[str]) -> dict[str, dict[str, Any]]:
     """One child (or server) per checkout; each session's cold turn in each, alternating
-    which checkout goes first."""
+    which checkout goes first (then, with ``--warm``, each session's next turn: warm)."""
     runner = OverHttp if args.server else InProcess
     runs = {name: runner(args, impl, urls[name], upstream, agents) for name, impl in impls}
-    out: dict[str, dict[str, Any]] = {name: {"turns": [], "proxy": run.proxy}
+    out: dict[str, dict[str, Any]] = {name: {"turns": [], "warm": [], "proxy": run.proxy}
                                       for name, run in runs.items()}
     try:
         for name in runs:
-            runs[name].warm(sessions[0])
-        for index, session in enumerate(sessions[1:]):
-            order = list(runs) if index % 2 == 0 else list(reversed(runs))
-            for name in order:
-                out[name]["turns"].append(runs[name].turn(session))
+            runs[name].untimed(sessions[0])
+        for kind in ("turns", "warm") if args.warm else ("turns",):
+            for index, session in enumerate(sessions[1:]):
+                order = list(runs) if index % 2 == 0 else list(reversed(runs))
+                for name in order:
+                    out[name][kind].append(runs[name].turn(session))
     finally:
         for name, run in runs.items():
             out[name] |= run.done()
@@ -181,26 +183,31 @@ def report(args: argparse.Namespace, rounds: dict[str, list[dict[str, dict[str, 
            impls: list[tuple[str, str | None]]) -> None:
     how = "server CPU (schedstat)" if args.server else "process CPU (in process, httpx client)"
     print(f"\nCOLD TURN: {args.stored:,} stored messages, default strategy, {args.sessions} "
-          f"cold turns per round, {args.rounds} rounds; {how}, ms per turn")
-    print(f"{'backend':8} {'impl':9} {'mean':>7} {'median':>7} {'best rnd':>8} {'window':>7} "
-          f"{'rt/turn':>7}  bodies")
+          f"turns per round, {args.rounds} rounds; {how}, ms per turn")
+    print(f"{'backend':8} {'turn':5} {'impl':9} {'mean':>7} {'median':>7} {'best rnd':>8} "
+          f"{'sent':>6} {'rt/turn':>7}  bodies")
     for backend, runs in rounds.items():
-        for name, _ in impls:
-            cpu = [t["cpu_ms"] for run in runs for t in run[name]["turns"]]
-            by_round = [statistics.mean(t["cpu_ms"] for t in run[name]["turns"]) for run in runs]
-            trips = sum(runs[0][name].get("store_calls", {}).values())
-            print(f"{backend:8} {name:9} {statistics.mean(cpu):7.2f} {statistics.median(cpu):7.2f}"
-                  f" {min(by_round):8.2f} {runs[0][name].get('window_messages', 0):7.0f} "
-                  f"{trips:7.2f}  {','.join(sorted({r[name].get('bodies', '-') for r in runs}))}")
-        if len(impls) == 2:
-            (old, _), (new, _) = impls
-            pairs = [b["cpu_ms"] / a["cpu_ms"] for run in runs
-                     for a, b in zip(run[old]["turns"], run[new]["turns"], strict=True)]
-            mean_old = statistics.mean(t["cpu_ms"] for r in runs for t in r[old]["turns"])
-            mean_new = statistics.mean(t["cpu_ms"] for r in runs for t in r[new]["turns"])
-            print(f"{backend}: {new} {mean_new:.2f} ms vs {old} {mean_old:.2f} ms per turn: "
-                  f"{mean_new / mean_old:.2f}x (median of the paired turns' ratios "
-                  f"{statistics.median(pairs):.2f}x)")
+        for kind, label in (("turns", "cold"), ("warm", "warm")):
+            if not runs[0][impls[0][0]][kind]:
+                continue
+            for name, _ in impls:
+                turns = [t for run in runs for t in run[name][kind]]
+                by_round = [statistics.mean(t["cpu_ms"] for t in run[name][kind]) for run in runs]
+                cpu = [t["cpu_ms"] for t in turns]
+                print(f"{backend:8} {label:5} {name:9} {statistics.mean(cpu):7.2f} "
+                      f"{statistics.median(cpu):7.2f} {min(by_round):8.2f} "
+                      f"{statistics.mean(t['sent'] for t in turns):6.0f} "
+                      f"{statistics.mean(t['store_calls'] for t in turns):7.2f}  "
+                      f"{','.join(sorted({r[name].get('bodies', '-') for r in runs}))}")
+            if len(impls) == 2:
+                (old, _), (new, _) = impls
+                pairs = [b["cpu_ms"] / a["cpu_ms"] for run in runs
+                         for a, b in zip(run[old][kind], run[new][kind], strict=True)]
+                mean_old = statistics.mean(t["cpu_ms"] for r in runs for t in r[old][kind])
+                mean_new = statistics.mean(t["cpu_ms"] for r in runs for t in r[new][kind])
+                print(f"{backend} {label}: {new} {mean_new:.2f} ms vs {old} {mean_old:.2f} ms "
+                      f"per turn: {mean_new / mean_old:.2f}x (median of the paired turns' "
+                      f"ratios {statistics.median(pairs):.2f}x)")
     if args.server:
         return
     print("\nCPU ms per cold turn by step (means; store.* are inside load and finish, sqlite.*"
@@ -240,6 +247,8 @@ def main() -> None:
     parser.add_argument("--server", action="store_true",
                         help="measure memory-proxy serve's CPU instead of running in process")
     parser.add_argument("--profile", action="store_true", help="cProfile the timed turns")
+    parser.add_argument("--warm", action="store_true",
+                        help="then each session's next turn too (warm: the session cached)")
     parser.add_argument("--cpus", help="--server: pin the servers to these CPUs (e.g. 1)")
     parser.add_argument("--loop", choices=["asyncio", "uvloop"], default="uvloop")
     args = parser.parse_args()

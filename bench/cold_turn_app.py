@@ -11,7 +11,7 @@ The upstream request bodies are kept and hashed after the timed turns.
 
     python bench/cold_turn_app.py --url URL --upstream URL --agents DIR [--impl DIR]
 
-reads ``warm SESSION``, ``turn SESSION`` and ``done`` lines on stdin and answers each
+reads ``untimed SESSION``, ``turn SESSION`` and ``done`` lines on stdin and answers each
 with a JSON line (see ``serve_turns``).
 """
 
@@ -24,7 +24,6 @@ import contextlib
 import functools
 import hashlib
 import json
-import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -182,9 +181,10 @@ def _digest(bodies: list[dict[str, Any]]) -> str:
 
 
 async def serve_turns(url: str, upstream: str, agents: Path, profile: bool) -> None:
-    """The app in this process, turns on the sessions the parent names on stdin: ``warm
-    SESSION`` (untimed), ``turn SESSION`` (answers its CPU and steps as a JSON line),
-    ``done`` (answers the bodies' digest, the store calls and profiles, and ends)."""
+    """The app in this process, turns on the sessions the parent names on stdin:
+    ``untimed SESSION`` (the process's first turn), ``turn SESSION`` (answers its CPU, its
+    steps, its store calls and the messages it sent as a JSON line), ``done`` (answers the
+    bodies' digest and the profiles, and ends)."""
     import httpx
     import populate
 
@@ -234,13 +234,13 @@ async def serve_turns(url: str, upstream: str, agents: Path, profile: bool) -> N
                 command, _, session = line.strip().partition(" ")
                 if command == "done":
                     break
-                if command == "warm":
+                if command == "untimed":
                     await turn(session)
                     bodies.clear()
-                    clock.calls.clear()
                     print("{}", flush=True)
                     continue
                 clock.spent.clear()
+                clock.calls.clear()
                 if loop_profiler is not None:
                     loop_profiler.enable()
                 started = time.process_time()
@@ -249,15 +249,13 @@ async def serve_turns(url: str, upstream: str, agents: Path, profile: bool) -> N
                 if loop_profiler is not None:
                     loop_profiler.disable()
                 turns += 1
-                print(json.dumps({"cpu_ms": cpu * 1e3,
-                                  "steps_ms": {k: v * 1e3 for k, v in clock.spent.items()}}),
-                      flush=True)
-    out: dict[str, Any] = {
-        "store_calls": {f"store.{c}": clock.calls[f"store.{c}"] / max(turns, 1)
-                        for c in STORE_CALLS},
-        "window_messages": statistics.mean(len(b["messages"]) for b in bodies),
-        "bodies": _digest(bodies),
-    }
+                print(json.dumps({
+                    "cpu_ms": cpu * 1e3,
+                    "steps_ms": {k: v * 1e3 for k, v in clock.spent.items()},
+                    "store_calls": sum(clock.calls[f"store.{c}"] for c in STORE_CALLS),
+                    "sent": len(bodies[-1]["messages"]),
+                }), flush=True)
+    out: dict[str, Any] = {"bodies": _digest(bodies)}
     if loop_profiler is not None and store_profiler is not None:
         out["profile"] = _top(loop_profiler, turns)
         out["store_profile"] = _top(store_profiler, turns, 25)
