@@ -191,6 +191,8 @@ def build_cases() -> list[tuple[str, Callable[[str], Any]]]:
         ("text 100", factory(text_history(100))),
         ("text 500", factory(text_history(500))),
         ("text 500, trimmed (16k)", factory(text_history(500), context_window=16_000)),
+        # what a turn on 10,000 stored messages loads: the budget's worth, a little over
+        ("text 1,700, trimmed (128k)", factory(text_history(1700))),
         ("tools 30 turns, compression (32k)", factory(tool_history(30), context_window=32_000)),
         ("text 40, one pasted 30k document", factory(pasted_history(40))),
         ("text 100 + summary", factory(text_history(100), summary_to=60)),

@@ -16,6 +16,7 @@ from strategies.records import (
     AppendResult,
     LoadSpec,
     LogPage,
+    RangeBudget,
     ResponseRef,
     SessionInfo,
     SessionKey,
@@ -89,9 +90,12 @@ class Store(Protocol):
         """Messages by seq (superseded included), in the order asked; unknown seqs skipped."""
 
     async def get_range(
-        self, key: SessionKey, from_seq: int, to_seq: int
+        self, key: SessionKey, from_seq: int, to_seq: int, *, budget: RangeBudget | None = None
     ) -> list[StoredMessage]:
-        """Active messages with ``from_seq <= seq <= to_seq``, ascending."""
+        """Active messages with ``from_seq <= seq <= to_seq``, ascending. With ``budget``,
+        only the newest of them it asks for: from ``to_seq`` down, up to the first message
+        at which they hold ``budget.tokens`` (the whole range when they never do); the
+        messages below it are not decoded."""
 
     async def find_tool_result(self, key: SessionKey, tool_call_id: str) -> StoredMessage | None:
         """The newest tool message answering ``tool_call_id``, if any."""

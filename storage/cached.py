@@ -47,6 +47,7 @@ from strategies.records import (
     AppendResult,
     LoadSpec,
     LogPage,
+    RangeBudget,
     ResponseRef,
     SessionInfo,
     SessionKey,
@@ -72,7 +73,7 @@ Slot = tuple[SessionKey, LoadSpec]
 
 
 def estimated_bytes(messages: Sequence[StoredMessage]) -> int:
-    size = MESSAGE_OVERHEAD * len(messages) + BYTES_PER_TOKEN * sum(m.tokens for m in messages)
+    size = MESSAGE_OVERHEAD * len(messages) + BYTES_PER_TOKEN * sum([m.tokens for m in messages])
     for message in messages:
         if message.tool_call_id or message.tool_calls or message.name:
             size += len(message.tool_call_id or "") + len(message.name or "")
@@ -188,15 +189,16 @@ class CachedStore:
         # the page starts at the spec's start and holds at most its limit, the newest
         first = bisect_left(messages, start[spec.since], key=_seq)
         first = max(first, len(messages) - spec.limit) if spec.limit > 0 else len(messages)
+        # what the page leaves behind stays next to the older records it reaches, at most
+        # OLDER_PAGES pages of them (stubs do not change a record's estimate)
         older: tuple[StoredMessage, ...] = ()
+        gone: Sequence[StoredMessage] = messages[:first]
         if page.older:
-            # what the page leaves behind stays next to the older records it reaches
-            older = (*with_stubs(page.older, stubs), *messages[:first])
-            older = older[-OLDER_PAGES * spec.limit :] if spec.limit > 0 else ()
-        size = (
-            page.size + estimated_bytes(appended) - estimated_bytes(messages[:first])
-            + estimated_bytes(older) - estimated_bytes(page.older)
-        )
+            joined = (*with_stubs(page.older, stubs), *gone)
+            kept = min(len(joined), OLDER_PAGES * spec.limit) if spec.limit > 0 else 0
+            older = joined[len(joined) - kept :] if kept else ()
+            gone = joined[: len(joined) - kept]
+        size = page.size + estimated_bytes(appended) - estimated_bytes(gone)
         self._put(slot, Page(
             meta.version, meta.head_chain, messages[first:], page.summaries, size, older,
         ))  # fmt: skip
@@ -263,30 +265,39 @@ class CachedStore:
     async def get_messages(self, key: SessionKey, seqs: Sequence[int]) -> list[StoredMessage]:
         return await self.store.get_messages(key, seqs)
 
-    async def get_range(self, key: SessionKey, from_seq: int, to_seq: int) -> list[StoredMessage]:
+    async def get_range(
+        self, key: SessionKey, from_seq: int, to_seq: int, *, budget: RangeBudget | None = None
+    ) -> list[StoredMessage]:
         """From the older records of the session's cached page when they reach the range:
-        the store is read only for what lies before them, which joins them. The older
-        records kept start where the latest range asked (the budget's start moves forward
-        as the session grows), so they stay the size of one window."""
+        the store is read only for what lies before them (with what is left of
+        ``budget``), which joins them. The older records kept start where the latest range
+        did (the budget's start moves forward as the session grows), so they stay the size
+        of one window."""
         slot = self._older_slot(key, to_seq)
         if slot is None:
-            return await self.store.get_range(key, from_seq, to_seq)
+            return await self.store.get_range(key, from_seq, to_seq, budget=budget)
         page = self._sessions[key][slot[1]]
-        older = page.older
-        first = (older or page.messages)[0].seq
-        if from_seq < first:
-            before = await self.store.get_range(key, from_seq, first - 1)
+        held = (*page.older, *page.messages)
+        start = bisect_left(held, from_seq, key=_seq)
+        end = bisect_left(held, to_seq + 1, key=_seq)
+        rest = budget
+        if budget is not None:  # the held records first, newest first
+            tokens, size, index = budget.tokens, budget.size, end
+            while index > start and tokens > 0:
+                index -= 1
+                message = held[index]
+                tokens -= message.tokens if message.compressed_content is None else size(message)
+            start, rest = index, replace(budget, tokens=tokens)
+        before: list[StoredMessage] = []
+        if from_seq < held[0].seq and (rest is None or rest.tokens > 0):
+            before = await self.store.get_range(key, from_seq, held[0].seq - 1, budget=rest)
             if self._sessions.get(key, {}).get(slot[1]) is not page:  # changed meanwhile
-                return [*before, *await self.store.get_range(key, first, to_seq)]
-            older = (*before, *older)
-        else:
-            older = older[bisect_left(older, from_seq, key=_seq):]
-        if older is not page.older:
-            size = page.size + estimated_bytes(older) - estimated_bytes(page.older)
-            self._put(slot, replace(page, older=older, size=size))
-        held = (*older, *page.messages)
-        low = bisect_left(held, from_seq, key=_seq)
-        return list(held[low : bisect_left(held, to_seq + 1, key=_seq)])
+                return await self.store.get_range(key, from_seq, to_seq, budget=budget)
+        cut = min(start, len(page.older))
+        if before or cut:
+            size_now = page.size + estimated_bytes(before) - estimated_bytes(page.older[:cut])
+            self._put(slot, replace(page, older=(*before, *page.older[cut:]), size=size_now))
+        return [*before, *held[start:end]]
 
     def _older_slot(self, key: SessionKey, to_seq: int) -> Slot | None:
         """The slot of a paged spec's cached page of ``key`` whose records reach back to

@@ -58,6 +58,7 @@ from strategies.records import (
     AppendResult,
     LoadSpec,
     LogPage,
+    RangeBudget,
     ResponseRef,
     SessionInfo,
     SessionKey,
@@ -212,11 +213,13 @@ class RedisStore:
         )
         return decode_messages(messages, stub_values)
 
-    async def get_range(self, key: SessionKey, from_seq: int, to_seq: int) -> list[StoredMessage]:
+    async def get_range(
+        self, key: SessionKey, from_seq: int, to_seq: int, *, budget: RangeBudget | None = None
+    ) -> list[StoredMessage]:
         ((messages, stubs),) = await self._calls.run(
             "range", _keys(key, "active", "msgs", "stubs"), [from_seq, to_seq]
         )
-        return decode_array(messages, stubs)
+        return decode_array(messages, stubs, budget)
 
     async def find_tool_result(self, key: SessionKey, tool_call_id: str) -> StoredMessage | None:
         (found,) = await self._calls.run(

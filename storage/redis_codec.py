@@ -9,8 +9,8 @@ from typing import Any
 
 import orjson
 
-from storage.codec import encode_message, message_from_body
-from strategies.records import ResponseRef, SessionMeta, StoredMessage, TurnWrite
+from storage.codec import encode_message, message_from_placed_body
+from strategies.records import RangeBudget, ResponseRef, SessionMeta, StoredMessage, TurnWrite
 
 __all__ = [
     "append_args", "decode_array", "decode_messages", "decode_meta", "decode_response",
@@ -67,14 +67,26 @@ def _meta_updates(write: TurnWrite) -> Iterator[tuple[str, Any]]:
 
 
 
-def decode_array(array: bytes, stubs: Sequence[bytes]) -> list[StoredMessage]:
-    """Messages from a script's JSON array and its flat ``[seq, stub, ...]`` list."""
+def decode_array(
+    array: bytes, stubs: Sequence[bytes], budget: RangeBudget | None = None
+) -> list[StoredMessage]:
+    """Messages from a script's JSON array and its flat ``[seq, stub, ...]`` list; with
+    ``budget``, the newest of them it holds (``Store.get_range``): the array is parsed
+    whole, records are made for those only."""
     by_seq = {int(seq): stub.decode() for seq, stub in zip(stubs[::2], stubs[1::2], strict=True)}
     stub = by_seq.get
-    return [
-        message_from_body(data, data["seq"], data.get("chain", ""), stub(data["seq"]))
-        for data in orjson.loads(array)
-    ]
+    if budget is None:
+        return [message_from_placed_body(data, stub(data["seq"])) for data in orjson.loads(array)]
+    found: list[StoredMessage] = []
+    held, tokens, size = 0, budget.tokens, budget.size
+    for data in reversed(orjson.loads(array)) if tokens > 0 else ():
+        message = message_from_placed_body(data, stub(data["seq"]))
+        found.append(message)
+        held += message.tokens if message.compressed_content is None else size(message)
+        if held >= tokens:
+            break
+    found.reverse()
+    return found
 
 
 def decode_messages(

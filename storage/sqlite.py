@@ -43,6 +43,7 @@ from strategies.records import (
     AppendResult,
     LoadSpec,
     LogPage,
+    RangeBudget,
     ResponseRef,
     SessionInfo,
     SessionKey,
@@ -129,8 +130,10 @@ class SqliteStore:
     async def get_messages(self, key: SessionKey, seqs: Sequence[int]) -> list[StoredMessage]:
         return await self._run(turns.get_messages, _ids(key), seqs) if seqs else []
 
-    async def get_range(self, key: SessionKey, from_seq: int, to_seq: int) -> list[StoredMessage]:
-        return await self._run(turns.get_range, _ids(key), from_seq, to_seq)
+    async def get_range(
+        self, key: SessionKey, from_seq: int, to_seq: int, *, budget: RangeBudget | None = None
+    ) -> list[StoredMessage]:
+        return await self._run(turns.get_range, _ids(key), from_seq, to_seq, budget)
 
     async def find_tool_result(self, key: SessionKey, tool_call_id: str) -> StoredMessage | None:
         return await self._run(turns.find_tool_result, _ids(key), tool_call_id)

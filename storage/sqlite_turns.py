@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import orjson
@@ -21,6 +21,7 @@ from strategies.records import (
     AppendResult,
     LoadSpec,
     LogPage,
+    RangeBudget,
     SessionMeta,
     SessionSnapshot,
     StoredMessage,
@@ -95,7 +96,7 @@ def load(
         summaries = conn.execute(f"SELECT data FROM summaries WHERE {KEY} ORDER BY id", ids)
         return SessionSnapshot(
             meta=meta,
-            messages=[decode_message(row) for row in reversed(rows)],
+            messages=decode_rows(reversed(rows)),
             summaries=[SummaryRecord.from_dict(orjson.loads(row[0])) for row in summaries],
             matched=matched,
             matched_seq=matched_seq,
@@ -277,14 +278,34 @@ def get_messages(conn: sqlite3.Connection, ids: Ids, seqs: Sequence[int]) -> lis
 
 
 def get_range(
-    conn: sqlite3.Connection, ids: Ids, from_seq: int, to_seq: int
+    conn: sqlite3.Connection, ids: Ids, from_seq: int, to_seq: int, budget: RangeBudget | None
 ) -> list[StoredMessage]:
-    rows = conn.execute(
+    if budget is None:
+        rows = conn.execute(
+            f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE {SESSION} AND superseded = 0"
+            " AND seq >= ? AND seq <= ? ORDER BY seq",
+            (*ids, from_seq, to_seq),
+        )
+        return decode_rows(rows)
+    # newest first, row by row: the rows below the budget are never stepped to
+    cursor = conn.execute(
         f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE {SESSION} AND superseded = 0"
-        " AND seq >= ? AND seq <= ? ORDER BY seq",
+        " AND seq >= ? AND seq <= ? ORDER BY seq DESC",
         (*ids, from_seq, to_seq),
     )
-    return [decode_message(row) for row in rows]
+    found: list[StoredMessage] = []
+    held, tokens, size, loads = 0, budget.tokens, budget.size, orjson.loads
+    try:
+        for seq, chain, compressed, data in cursor if tokens > 0 else ():
+            message = message_from_body(loads(data), seq, chain, compressed)
+            found.append(message)
+            held += message.tokens if message.compressed_content is None else size(message)
+            if held >= tokens:
+                break
+    finally:
+        cursor.close()  # ends the statement's read
+    found.reverse()
+    return found
 
 
 def find_tool_result(
@@ -414,3 +435,12 @@ def _with_prompt(
 def decode_message(row: Row) -> StoredMessage:
     seq, chain, compressed, data = row
     return message_from_body(orjson.loads(data), seq, chain, compressed)
+
+
+def decode_rows(rows: Iterable[Row]) -> list[StoredMessage]:
+    """``decode_message`` of each row, in one loop (a load decodes hundreds)."""
+    loads = orjson.loads
+    return [
+        message_from_body(loads(data), seq, chain, compressed)
+        for seq, chain, compressed, data in rows
+    ]

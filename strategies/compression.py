@@ -14,7 +14,7 @@ calibration``): stored counts are local estimates, the limits are the upstream's
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from typing import Any
 
 from strategies.base import CountTokens, WindowItem, rough_tokens
@@ -127,7 +127,7 @@ def choose_compressions(
     *,
     under_pressure: bool,
     calibration: float = 1.0,
-    eligible: frozenset[int] | None = None,
+    eligible: Container[int] | None = None,
     count_tokens: CountTokens = rough_tokens,
 ) -> dict[int, str]:
     """New compression stubs ``{seq: stub}`` for the loaded conversation ``messages``.
@@ -142,7 +142,10 @@ def choose_compressions(
     """
     if not config.compressToolResults or not under_pressure:
         return {}
-    results = [i for i, m in enumerate(messages) if m.role == "tool"]
+    roles = [m.role for m in messages]
+    if "tool" not in roles:
+        return {}
+    results = [i for i, role in enumerate(roles) if role == "tool"]
     protected = set(results[-NEWEST_PROTECTED:])
     last_assistant = next(
         (i for i in range(len(messages) - 1, -1, -1) if messages[i].role == "assistant"), -1

@@ -76,12 +76,13 @@ class MessageToLlmMessageMapper:
             # inline ``map_item`` for the common case (text content, no media, no system
             # role); anything else takes the general path
             message = item.message
-            content = item.text if item.text is not None else message.content
+            text = item.text
+            content = message.content if text is None else text
             role = message.role
             meta = message.meta
             if (
-                isinstance(content, list)
-                or isinstance(message.content, list)
+                (content.__class__ is not str and isinstance(content, list))
+                or (text is not None and isinstance(message.content, list))
                 or (meta and (meta.get("parts") or meta.get("attachments")))
                 or role == "system"
                 or role == "developer"
@@ -90,15 +91,16 @@ class MessageToLlmMessageMapper:
                 if content is None:
                     append(self.map_item(item, context))
                     continue
-            sent: dict[str, Any] = {"role": role, "content": content}
-            if role == "assistant":
-                if message.tool_calls:
-                    sent["tool_calls"] = message.tool_calls
-                    if content in ("", None):
-                        sent["content"] = None
-            elif role == "tool":
-                sent["tool_call_id"] = message.tool_call_id
-            if message.name and role != "tool":
+            sent: dict[str, Any]
+            if role == "tool":
+                append({"role": role, "content": content, "tool_call_id": message.tool_call_id})
+                continue
+            sent = {"role": role, "content": content}
+            if role == "assistant" and message.tool_calls:
+                sent["tool_calls"] = message.tool_calls
+                if content in ("", None):
+                    sent["content"] = None
+            if message.name:
                 sent["name"] = message.name
             append(sent)
         return system + out

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 from urllib.parse import quote
@@ -184,6 +184,24 @@ class LoadSpec:
     limit: int = 500
     since: LoadSince = "all"
     fill_ratio: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RangeBudget:
+    """How much of a range ``Store.get_range`` returns: its newest messages, read from the
+    end down, until they hold ``tokens`` (the message that reaches it included). A
+    message holds its ``tokens``; one with a compression stub holds what ``stub_size``
+    says (its ``tokens`` without one). A paged load asks for the rest of its window's
+    budget this way (proxy/turn/paging.py): the store decodes what the window holds, not
+    the whole range its estimate had to ask for."""
+
+    tokens: float
+    stub_size: Callable[[StoredMessage], int] | None = None
+
+    def size(self, message: StoredMessage) -> int:
+        if message.compressed_content is None or self.stub_size is None:
+            return message.tokens
+        return self.stub_size(message)
 
 
 @dataclass(slots=True)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
+from itertools import accumulate
 from typing import Any
 
 from strategies.base import (
@@ -40,7 +41,7 @@ from strategies.config import SummarizingWindowConfig
 from strategies.records import LoadSpec, StoredMessage, SummaryRecord
 from strategies.summary_prompt import render_summary
 from strategies.truncation import message_cap, truncate_item
-from strategies.validity import make_valid, tool_units, trim_to_units
+from strategies.validity import make_valid, opening_with_a_user, tool_units, trim_to_units
 
 # the share of the window budget the kept tail may use after an automatic summary
 TAIL_SHARE = 0.5
@@ -104,7 +105,7 @@ def fit_tail(
 
 def fit_sizes(
     sizes: Sequence[int],
-    units: Sequence[tuple[int, int]],
+    units: Sequence[tuple[int, int]] | None,
     turn_start: int,
     *,
     fixed: int,
@@ -112,7 +113,14 @@ def fit_sizes(
     calibration: float,
 ) -> int:
     """``fit_tail`` over the items' sizes, against a precomputed (rounded) token limit:
-    the same comparison as ``exceeds``, without a call per unit."""
+    the same comparison as ``exceeds``, without a call per unit. ``units`` None: every
+    message is a unit of its own."""
+    if units is None or len(units) == len(sizes):
+        if calibration >= 0 and min(sizes, default=0) >= 0:
+            return _fit_singles(
+                sizes, turn_start, fixed=fixed, limit=limit, calibration=calibration
+            )
+        units = [(i, i + 1) for i in range(len(sizes))]
     total = fixed
     keep_from = len(sizes)
     for start, end in reversed(units):
@@ -122,6 +130,19 @@ def fit_sizes(
         total += size
         keep_from = start
     return keep_from
+
+
+def _fit_singles(
+    sizes: Sequence[int], turn_start: int, *, fixed: int, limit: float, calibration: float
+) -> int:
+    """``fit_sizes`` when every unit is one message (no tool calls: most windows): the
+    running totals of the older messages, newest first, added up in C, and the first that
+    no longer fits found by bisection (they only grow: no size is negative, the
+    calibration is not)."""
+    current = min(max(turn_start, 0), len(sizes))  # the current turn's: always kept
+    totals = list(accumulate(reversed(sizes[:current]), initial=fixed + sum(sizes[current:])))
+    over = bisect.bisect_left(totals, True, lo=1, key=lambda total: total * calibration > limit)
+    return current - over + 1
 
 
 def window_anchor(messages: Sequence[StoredMessage]) -> int | None:
@@ -231,7 +252,8 @@ class SummarizingWindowStrategy:
                 context_window,
                 under_pressure=True,
                 calibration=calibration,
-                eligible=frozenset([m.seq for m in live[held:]]),
+                # the seqs from live[held] on (seqs ascend: a range holds the same ones)
+                eligible=range(live[held].seq, live[-1].seq + 1) if held < len(live) else (),
                 count_tokens=ctx.count_tokens,
             )
         if stubs:
@@ -252,12 +274,15 @@ class SummarizingWindowStrategy:
             and min(sizes) >= 0
             and live[0].role != "tool"
         )
+        # no tool calls and no tool results (most windows): every message is a unit of its
+        # own, and nothing needs repair but the window's start
+        plain = not any([m.tool_calls for m in live]) and "tool" not in [m.role for m in live]
         if fits:
             # everything fits: every partial tail fits too, so fit_tail keeps it all and the
             # first unit is a boundary trim_to_units accepts
             keep_from = 0
         else:
-            units = tool_units(live)
+            units = None if plain else tool_units(live)
             if overflow:
                 # the spec trims just below the budget; a stable prefix trims further, to
                 # trimTargetShare of it, so that the next turns fit without a change
@@ -267,13 +292,15 @@ class SummarizingWindowStrategy:
                 )
             else:
                 keep_from = 0
-            keep_from = trim_to_units(live, min(max(keep_from, held), turn), units)
+            keep_from = min(max(keep_from, held), turn)
+            if units is not None:  # a plain window's every message starts a unit
+                keep_from = trim_to_units(live, keep_from, units)
         # window items are built for the kept messages only
         items = [WindowItem(m, m.tokens) for m in (live[keep_from:] if keep_from else live)]
         for index, item in shaped.items():
             if index >= keep_from:
                 items[index - keep_from] = item
-        kept, _ = make_valid(items)
+        kept = opening_with_a_user(items) if plain else make_valid(items)[0]
         dropped = len(live) - len(kept)
         if dropped:
             notes.append(f"{dropped} older messages trimmed to fit maxConversationRatio")

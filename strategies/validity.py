@@ -34,9 +34,11 @@ def tool_units(messages: Sequence[StoredMessage]) -> list[tuple[int, int]]:
     unit of its own.
     """
     n = len(messages)
+    if not any([m.tool_calls for m in messages]):  # most windows: no unit of several
+        return list(zip(range(n), range(1, n + 1), strict=True))
     calls = [i for i, m in enumerate(messages) if m.tool_calls and m.role == "assistant"]
     if not calls:
-        return [(i, i + 1) for i in range(n)]
+        return list(zip(range(n), range(1, n + 1), strict=True))
     units: list[tuple[int, int]] = []
     i = 0
     for call in calls:  # a unit ends at the first non-tool message, so call >= i
@@ -153,6 +155,15 @@ def make_valid(items: list[WindowItem]) -> tuple[list[WindowItem], int]:
     first_user = next((k for k, i in enumerate(valid) if i.message.role == "user"), len(valid))
     valid = valid[first_user:]
     return valid, len(items) - len(valid)
+
+
+def opening_with_a_user(items: list[WindowItem]) -> list[WindowItem]:
+    """``make_valid`` of items without tool calls or tool results (no unit to repair):
+    ``items`` from the first user message on (``items`` itself when it opens with one)."""
+    if items and items[0].message.role == "user":
+        return items
+    first = next((k for k, item in enumerate(items) if item.message.role == "user"), len(items))
+    return items[first:]
 
 
 def check_openai_messages(messages: list[dict[str, Any]]) -> list[str]:

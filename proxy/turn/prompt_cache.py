@@ -76,7 +76,11 @@ def previous_window(messages: Sequence[StoredMessage]) -> dict[str, Any] | None:
 
 def window_meta(window: Window, system: str) -> dict[str, Any]:
     items = window.items
-    marked = [i.message.seq for i in items if i.marker in ("compressed", "evicted")]
+    marked = [
+        i.message.seq
+        for i in items
+        if i.marker is not None and i.marker in ("compressed", "evicted")
+    ]
     return {
         "start": items[0].message.seq if items else 0,
         "end": items[-1].message.seq if items else 0,

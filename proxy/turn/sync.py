@@ -92,7 +92,7 @@ async def sync(services: Services, turn: Turn, history: Incoming) -> None:
     # a large input (a long text to tokenize, media to decode and hash) is read on a
     # thread: the event loop serves every other request meanwhile
     turn.heavy = requests.is_large([conversation[i] for i in plan.new]) or (
-        any(m.tokens >= LARGE_TOKENS for m in stored)
+        max([m.tokens for m in stored], default=0) >= LARGE_TOKENS
     )
     now = time.time()
 

@@ -96,9 +96,9 @@ def test_a_history_read_cold_takes_one_range_read_beyond_the_stores_page(
     reads = []
     read = store.get_range
 
-    async def counted(key, low, high):
+    async def counted(key, low, high, **budget):
         reads.append((low, high))
-        return await read(key, low, high)
+        return await read(key, low, high, **budget)
 
     monkeypatch.setattr(store, "get_range", counted)
     sent = DeltaSession(fresh.client("cold", "s"), fake).say("and now?")

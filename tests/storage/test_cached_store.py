@@ -19,6 +19,7 @@ from storage.registry import open_store
 from strategies.records import (
     AppendResult,
     LoadSpec,
+    RangeBudget,
     SessionKey,
     SessionSnapshot,
     StoredMessage,
@@ -291,9 +292,11 @@ class CountingRanges:
     def __getattr__(self, name: str) -> object:
         return getattr(self.store, name)
 
-    async def get_range(self, key: SessionKey, from_seq: int, to_seq: int) -> list[StoredMessage]:
+    async def get_range(
+        self, key: SessionKey, from_seq: int, to_seq: int, *, budget: RangeBudget | None = None
+    ) -> list[StoredMessage]:
         self.ranges.append((from_seq, to_seq))
-        return await self.store.get_range(key, from_seq, to_seq)
+        return await self.store.get_range(key, from_seq, to_seq, budget=budget)
 
 
 async def paged_turn(cached: CachedStore, index: int) -> list[StoredMessage]:
@@ -351,3 +354,42 @@ async def test_a_range_inside_the_older_records_is_what_the_store_returns(
         assert await cached.get_range(KEY, low, high) == await cached.store.get_range(
             KEY, low, high
         )
+
+
+async def test_a_budgeted_range_through_the_cache_is_what_the_store_returns(
+    cached: CachedStore,
+) -> None:
+    for index in range(8):
+        await cached.append_turn(KEY, turn(index))
+    await paged_turn(cached, 8)
+    await paged_turn(cached, 9)
+
+    for low, high in [(1, 14), (3, 14), (5, 11), (12, 14), (1, 3), (12, 40)]:
+        for tokens in (0, 8, 9, 30, 1000):
+            budget = RangeBudget(tokens)
+            assert await cached.get_range(KEY, low, high, budget=budget) == (
+                await cached.store.get_range(KEY, low, high, budget=budget)
+            ), (low, high, tokens)
+
+
+async def test_a_budget_the_older_records_hold_is_served_without_the_store(
+    stores: tuple[Store, Store],
+) -> None:
+    counting = CountingRanges(stores[0])
+    cached = CachedStore(counting, 16 << 20)  # type: ignore[arg-type]
+    for index in range(6):
+        await cached.append_turn(KEY, turn(index))
+    await paged_turn(cached, 6)  # reads the records before its page once
+    read = len(counting.ranges)
+    first = (await cached.load(KEY, PAGED)).messages[0].seq
+
+    held = await cached.get_range(KEY, 1, first - 1, budget=RangeBudget(30))
+    assert held == await stores[0].get_range(KEY, 1, first - 1, budget=RangeBudget(30))
+    assert len(counting.ranges) == read
+
+    # a larger budget: the older records it no longer holds come from the store, the
+    # records below them only, with what is left of the budget
+    more = await cached.get_range(KEY, 1, first - 1, budget=RangeBudget(60))
+    assert more == await stores[0].get_range(KEY, 1, first - 1, budget=RangeBudget(60))
+    assert counting.ranges[read:] == [(1, held[0].seq - 1)]
+    assert len(more) > len(held)

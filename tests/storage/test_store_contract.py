@@ -28,6 +28,7 @@ from storage.redis import SOCKET_TIMEOUT, RedisStore
 from storage.sqlite import SqliteStore
 from strategies.records import (
     LoadSpec,
+    RangeBudget,
     SessionKey,
     StoredMessage,
     SummaryRecord,
@@ -530,6 +531,44 @@ async def test_get_range_returns_active_messages_in_the_range(store: Store) -> N
     found = await store.get_range(KEY, 2, 7)
 
     assert [m.seq for m in found] == [2, 3, 4, 7]
+
+
+async def test_get_range_with_a_budget_returns_the_newest_messages_that_hold_it(
+    store: Store,
+) -> None:
+    await conversation(store, 4)  # questions hold 10 tokens, answers 8
+    await append(store, user("edited"), supersede_after=6)  # seq 9 (6 tokens); 7, 8 gone
+
+    def seqs(found: list[StoredMessage]) -> list[int]:
+        return [m.seq for m in found]
+
+    # from the end down, up to the message at which they hold the budget
+    assert seqs(await store.get_range(KEY, 2, 9, budget=RangeBudget(24))) == [5, 6, 9]
+    assert seqs(await store.get_range(KEY, 2, 9, budget=RangeBudget(25))) == [4, 5, 6, 9]
+    assert seqs(await store.get_range(KEY, 2, 5, budget=RangeBudget(18))) == [4, 5]
+    # a budget the range never holds: all of it
+    assert seqs(await store.get_range(KEY, 2, 9, budget=RangeBudget(1000))) == [2, 3, 4, 5, 6, 9]
+    assert await store.get_range(KEY, 2, 9, budget=RangeBudget(0)) == []
+    whole = await store.get_range(KEY, 1, 9)
+    assert await store.get_range(KEY, 1, 9, budget=RangeBudget(30)) == whole[-4:]
+
+
+async def test_a_budget_counts_a_message_with_a_stub_as_its_stub(store: Store) -> None:
+    await conversation(store, 3)  # seqs 1-6: questions hold 10 tokens, answers 8
+    await store.set_compressed(KEY, {5: "[stub]"})
+    sizes: list[str] = []
+
+    def stub_size(message: StoredMessage) -> int:
+        sizes.append(message.compressed_content or "")
+        return 1
+
+    found = await store.get_range(KEY, 1, 6, budget=RangeBudget(20, stub_size))
+
+    assert [m.seq for m in found] == [3, 4, 5, 6]  # 8 + 1 + 8 + 10
+    assert found[2].compressed_content == "[stub]" and sizes == ["[stub]"]
+    # without a stub size, a message holds its tokens
+    found = await store.get_range(KEY, 1, 6, budget=RangeBudget(20))
+    assert [m.seq for m in found] == [4, 5, 6]
 
 
 async def test_find_tool_result_returns_the_newest_answer(store: Store) -> None:

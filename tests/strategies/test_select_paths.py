@@ -45,6 +45,7 @@ from strategies.mapper import MappingContext, MessageToLlmMessageMapper
 from strategies.records import StoredMessage, SummaryRecord
 from strategies.summarizing_window import (
     SummarizingWindowStrategy,
+    fit_sizes,
     fit_tail,
     latest_summary,
     live_start,
@@ -52,7 +53,13 @@ from strategies.summarizing_window import (
 )
 from strategies.summary_prompt import sanitize_summary
 from strategies.truncation import CutMemory, cut_text, message_cap, truncate_item
-from strategies.validity import as_items, make_valid, tool_units, trim_to_units
+from strategies.validity import (
+    as_items,
+    make_valid,
+    opening_with_a_user,
+    tool_units,
+    trim_to_units,
+)
 
 STRATEGY = SummarizingWindowStrategy()
 
@@ -452,3 +459,50 @@ def test_units_given_by_the_caller_change_nothing(messages, keep_from, turn):
     assert fit_tail(messages, items, turn, units=units, **fit) == fit_tail(
         messages, items, turn, **fit
     )
+
+
+def reference_fit(
+    sizes: list[int], units: list[tuple[int, int]], turn_start: int, *, fixed: int,
+    limit: float, calibration: float,
+) -> int:
+    """``fit_sizes`` as documented: whole units newest first, those of the current turn
+    always, stopping at the first older unit that does not fit."""
+    total, keep_from = fixed, len(sizes)
+    for start, end in reversed(units):
+        size = sum(sizes[start:end])
+        if end <= turn_start and (total + size) * calibration > limit:
+            break
+        total += size
+        keep_from = start
+    return keep_from
+
+
+@_settings
+@given(
+    st.lists(st.integers(0, 400), max_size=60),
+    st.integers(-2, 64),
+    st.integers(0, 500),
+    st.integers(0, 6000),
+    st.sampled_from([0.0, 0.5, 1.0, 1.07, 2.5]),
+)
+def test_fitting_one_message_units_keeps_what_the_unit_by_unit_rule_keeps(
+    sizes, turn, fixed, limit, calibration
+):
+    units = [(i, i + 1) for i in range(len(sizes))]
+    fit = {"fixed": fixed, "limit": limit, "calibration": calibration}
+    assert fit_sizes(sizes, units, turn, **fit) == reference_fit(sizes, units, turn, **fit)
+    # a negative size (never stored, but the general code takes it) takes the general path
+    if sizes:
+        negative = [*sizes[:-1], -5]
+        assert fit_sizes(negative, units, turn, **fit) == reference_fit(
+            negative, units, turn, **fit)
+
+
+@_settings
+@given(st.lists(st.sampled_from(["user", "assistant", "system"]), max_size=12))
+def test_a_window_without_tools_opens_as_make_valid_opens_it(roles):
+    makers = {"user": user, "assistant": assistant,
+              "system": lambda text: StoredMessage(role="system", content=text)}  # type: ignore[arg-type]
+    items = as_items(history(*(makers[role](f"m{i}") for i, role in enumerate(roles))))
+
+    assert opening_with_a_user(list(items)) == make_valid(items)[0]
