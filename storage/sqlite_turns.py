@@ -105,6 +105,28 @@ def load(
         )
 
 
+def load_held(
+    conn: sqlite3.Connection, ids: Ids, held_version: int, prompts: SystemPrompts
+) -> SessionSnapshot | None:
+    """``Store.load`` of a session a cache holds at ``held_version`` (no probe), when the
+    session is still at that version: one statement, and the system prompt from
+    ``prompts`` or one more (a revision names one prompt only, so the two need no
+    transaction around them). None when it moved or is gone, or its prompt is not the one
+    the meta names: ``load`` answers then."""
+    config_json, meta_json, _ = conn.execute(LOAD_HEAD, (ids[1], *ids)).fetchone()
+    if meta_json is None:
+        return None
+    meta, revision = decode_meta(meta_json)
+    if meta.version != held_version:
+        return None
+    if revision:
+        meta.system_prompt = prompts.read(conn, ids, revision)
+        if meta.system_prompt is None:
+            return None
+    agent_config = orjson.loads(config_json) if config_json else None
+    return SessionSnapshot(meta, [], [], 0, 0, agent_config, exists=True, held=True)
+
+
 def match_probe(conn: sqlite3.Connection, sid: int, probe: Sequence[str]) -> tuple[int, int]:
     """Length of the longest probe prefix ending at an active chain, and that chain's seq.
 

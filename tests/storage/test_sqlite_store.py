@@ -80,6 +80,32 @@ async def test_loads_answer_while_another_process_holds_the_write_lock(
     assert [m.content for m in snapshot.messages] == ["kept"]
 
 
+async def test_a_held_sessions_check_answers_while_the_stores_thread_waits(
+    store: SqliteStore, other: sqlite3.Connection
+) -> None:
+    """Whether a session the cache holds is still at its version is read on the event
+    loop's own connection: it answers while the store's thread waits for another
+    process's write lock, and a session that moved is then loaded whole."""
+    await store.append_turn(KEY, TurnWrite(messages=[message("kept")], system_prompt=[
+        {"role": "system", "content": "be brief"}]))
+    version = (await store.load(KEY, LoadSpec())).meta.version
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        write = asyncio.create_task(
+            store.append_turn(KEY, TurnWrite(messages=[message("later")])))
+        await asyncio.sleep(0.05)
+        held = await asyncio.wait_for(store.load(KEY, LoadSpec(), held_version=version), 1)
+        assert held.held and held.exists and not held.messages
+        assert held.meta.version == version
+        assert held.meta.system_prompt == [{"role": "system", "content": "be brief"}]
+        assert not write.done()
+    finally:
+        other.execute("COMMIT")
+    await asyncio.wait_for(write, 5)
+    moved = await store.load(KEY, LoadSpec(), held_version=version)
+    assert not moved.held and [m.content for m in moved.messages] == ["kept", "later"]
+
+
 async def test_the_write_ahead_log_stays_bounded_under_sustained_writes(
     store: SqliteStore, tmp_path: Path
 ) -> None:
