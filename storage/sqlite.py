@@ -108,7 +108,8 @@ class SqliteStore:
             return
         reader, self._reader = self._reader, None
         if reader is not None:
-            reader.close()
+            with contextlib.suppress(sqlite3.Error):  # made on another thread's loop
+                reader.close()
         checkpointer, self._checkpointer = self._checkpointer, None
         if checkpointer is not None:  # first: the store's connection, closed last, cleans up
             await asyncio.to_thread(checkpointer.stop)
