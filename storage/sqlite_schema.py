@@ -8,6 +8,7 @@ processes opening one old file at once both serve it).
 from __future__ import annotations
 
 import sqlite3
+import time
 
 from storage import sqlite_prompts, sqlite_search
 from storage.base import StoreUnavailable
@@ -80,6 +81,8 @@ CREATE INDEX IF NOT EXISTS messages_tool
 # how long a statement waits for a write lock held by another process (then the call
 # fails with StoreUnavailable)
 BUSY_TIMEOUT_MS = 5000
+# tries at changing into WAL mode, spread over the busy timeout
+WAL_ATTEMPTS = 100
 # the write-ahead log is cut back to this after a checkpoint (it never shrinks otherwise)
 JOURNAL_SIZE_LIMIT = 32 << 20
 
@@ -105,7 +108,7 @@ def connect(path: str) -> sqlite3.Connection:
     try:
         # first: another process opening (or migrating) the file is waited for
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-        conn.execute("PRAGMA journal_mode = WAL")
+        _into_wal(conn)
         conn.execute("PRAGMA synchronous = NORMAL")
         conn.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}")
         # (imported here: sqlite_responses builds on this module)
@@ -122,6 +125,21 @@ def connect(path: str) -> sqlite3.Connection:
         conn.close()
         raise
     return conn
+
+
+def _into_wal(conn: sqlite3.Connection) -> None:
+    """WAL mode. Changing into it takes the file for itself, and SQLite answers "locked"
+    at once, without waiting, while another connection opening a file still in the
+    rollback journal holds it (two stores migrating an old file at once): so it is tried
+    again, up to the busy timeout."""
+    for attempt in range(WAL_ATTEMPTS):
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or attempt == WAL_ATTEMPTS - 1:
+                raise
+            time.sleep(BUSY_TIMEOUT_MS / 1000 / WAL_ATTEMPTS)
 
 
 class Transaction:
