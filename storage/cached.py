@@ -282,12 +282,9 @@ class CachedStore:
         end = bisect_left(held, to_seq + 1, key=_seq)
         rest = budget
         if budget is not None:  # the held records first, newest first
-            tokens, size, index = budget.tokens, budget.size, end
-            while index > start and tokens > 0:
-                index -= 1
-                message = held[index]
-                tokens -= message.tokens if message.compressed_content is None else size(message)
-            start, rest = index, replace(budget, tokens=tokens)
+            taken = budget.take(reversed(held[start:end]))
+            start = end - len(taken)
+            rest = replace(budget, tokens=budget.tokens - sum(map(budget.size, taken)))
         before: list[StoredMessage] = []
         if from_seq < held[0].seq and (rest is None or rest.tokens > 0):
             before = await self.store.get_range(key, from_seq, held[0].seq - 1, budget=rest)

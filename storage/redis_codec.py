@@ -77,16 +77,9 @@ def decode_array(
     stub = by_seq.get
     if budget is None:
         return [message_from_placed_body(data, stub(data["seq"])) for data in orjson.loads(array)]
-    found: list[StoredMessage] = []
-    held, tokens, size = 0, budget.tokens, budget.size
-    for data in reversed(orjson.loads(array)) if tokens > 0 else ():
-        message = message_from_placed_body(data, stub(data["seq"]))
-        found.append(message)
-        held += message.tokens if message.compressed_content is None else size(message)
-        if held >= tokens:
-            break
-    found.reverse()
-    return found
+    return budget.take(
+        message_from_placed_body(data, stub(data["seq"])) for data in reversed(orjson.loads(array))
+    )
 
 
 def decode_messages(

@@ -315,19 +315,13 @@ def get_range(
         " AND seq >= ? AND seq <= ? ORDER BY seq DESC",
         (*ids, from_seq, to_seq),
     )
-    found: list[StoredMessage] = []
-    held, tokens, size, loads = 0, budget.tokens, budget.size, orjson.loads
     try:
-        for seq, chain, compressed, data in cursor if tokens > 0 else ():
-            message = message_from_body(loads(data), seq, chain, compressed)
-            found.append(message)
-            held += message.tokens if message.compressed_content is None else size(message)
-            if held >= tokens:
-                break
+        return budget.take(
+            message_from_body(orjson.loads(data), seq, chain, compressed)
+            for seq, chain, compressed, data in cursor
+        )
     finally:
         cursor.close()  # ends the statement's read
-    found.reverse()
-    return found
 
 
 def find_tool_result(

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 from urllib.parse import quote
@@ -202,6 +202,21 @@ class RangeBudget:
         if message.compressed_content is None or self.stub_size is None:
             return message.tokens
         return self.stub_size(message)
+
+    def take(self, newest_first: Iterable[StoredMessage]) -> list[StoredMessage]:
+        """What ``get_range`` returns with this budget, from the range's messages newest
+        first (a generator that decodes as it goes: none past the budget is made),
+        ascending."""
+        taken: list[StoredMessage] = []
+        if self.tokens > 0:
+            held, size = 0, self.size
+            for message in newest_first:
+                taken.append(message)
+                held += size(message)
+                if held >= self.tokens:
+                    break
+        taken.reverse()
+        return taken
 
 
 @dataclass(slots=True)
