@@ -96,10 +96,11 @@ class SqliteStore:
         except BaseException:
             self._stop()
             raise
+        # a file (another connection to :memory: is another database): the log's
+        # checkpointer and the loop's reader
         if checkpointer is not None:
             checkpointer.start(self._conn)
             self._checkpointer = checkpointer
-        if self.path != ":memory:":  # another connection there is another database
             self._reader = _reader(self.path)
 
     async def close(self) -> None:
@@ -266,9 +267,6 @@ class SqliteStore:
             raise StoreUnavailable(f"sqlite database {self.path}: {exc}") from exc
 
     def _stop(self) -> None:
-        if self._checkpointer is not None:
-            self._checkpointer.stop()
-            self._checkpointer = None
         if self._jobs is not None:
             self._jobs.put(None)
         if self._thread is not None:

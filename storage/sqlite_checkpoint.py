@@ -85,7 +85,7 @@ class Checkpointer:
 
     def _run(self) -> None:
         try:
-            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            conn = sqlite3.connect(self.path, isolation_level=None)
         except sqlite3.Error as exc:  # the store's backstop copies instead
             log.warning("sqlite checkpoints of %s off: %s", self.path, exc)
             return
