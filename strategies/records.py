@@ -212,7 +212,8 @@ class RangeBudget:
             held, size = 0, self.size
             for message in newest_first:
                 taken.append(message)
-                held += size(message)
+                # (most have no stub: no call for them, a cold turn takes a thousand)
+                held += message.tokens if message.compressed_content is None else size(message)
                 if held >= self.tokens:
                     break
         taken.reverse()
