@@ -16,7 +16,7 @@ import shutil
 import statistics
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -259,6 +259,42 @@ async def closed_loop(
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         result.seconds = time.perf_counter() - began
     return result.finish()
+
+
+async def one_turn_each(
+    base_url: str, pool: SessionPool, cpu: Callable[[], float], *,
+    resend: Resender | None = None, settle: float = 0.02,
+) -> tuple[LoadResult, list[float]]:
+    """One turn on every session of ``pool``, in order, one at a time, and the server's
+    CPU for each (``cpu``: its CPU seconds so far), read before the request and ``settle``
+    seconds after the reply (what the turn leaves running in the background is its cost
+    too). The connection is opened with a ``GET /health`` first, outside every turn."""
+    body = turn_body()
+    result = LoadResult()
+    per_turn: list[float] = []
+    async with aiohttp.ClientSession() as session:
+        async with session.get(base_url + "/health") as resp:
+            await resp.read()
+        for index in range(pool.count):
+            path = pool.path(index)
+            data, question = resend.body(path) if resend is not None else (body, None)
+            before = cpu()
+            started = time.perf_counter()
+            async with session.post(base_url + path, data=data, headers=HEADERS) as resp:
+                reply = await resp.read()
+                ok = resp.status == 200
+            elapsed = time.perf_counter() - started
+            await asyncio.sleep(settle)
+            per_turn.append(cpu() - before)
+            result.requests += 1
+            if not ok:
+                result.errors += 1
+                continue
+            result.latencies.append(elapsed)
+            if resend is not None and question is not None:
+                resend.answered(path, question, reply)
+    pool.used = pool.count
+    return result.finish(), per_turn
 
 
 async def chunk_arrivals(base_url: str, path: str) -> list[float]:

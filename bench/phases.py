@@ -173,6 +173,19 @@ async def closed_rounds(
     return out
 
 
+async def cold_turns(target: Target, pool: load.SessionPool,
+                     resend: load.Resender | None = None) -> Measured:
+    """The first turn on each session of ``pool`` (the proxy reads it from its store), one
+    at a time; ``cpu_ms`` holds each turn's server CPU, so the per-turn figure is their
+    median."""
+    result, per_turn = await load.one_turn_each(target.base_url, pool, target.cpu,
+                                                resend=resend)
+    out = Measured(target.key)
+    out.rounds.append(result)
+    out.cpu_ms = [seconds * 1000 for seconds in per_turn]
+    return out
+
+
 async def chunk_timing(a: Target, c: Target, session_path: str) -> dict[str, Any]:
     """One slow stream (a chunk every 20 ms) straight and through memory-proxy."""
     straight = await load.chunk_arrivals(a.base_url, "/v1/chat/completions")

@@ -423,7 +423,8 @@ class Run:
     def history_sessions(self, size: int) -> int:
         # each measured turn adds 2 messages: enough sessions that growth stays small
         budget = 8000 if self.plan.quick else 40000  # stored messages per pool
-        return max(2, min(self.plan.history_requests + 2, budget // size))
+        # and at least 8 sessions (2 in a quick run): each gives one cold turn
+        return max(2 if self.plan.quick else 8, min(self.plan.history_requests + 2, budget // size))
 
     def histories(self, by_key: dict[str, Target], pools: dict[str, SessionPool]) -> dict:
         """Per size: one turn on every session of the pool first (cold: the proxy reads the
@@ -433,9 +434,8 @@ class Run:
         chosen = [by_key[k] for k in ("A", "C", "C'")]
         for size in HISTORIES:
             size_pools = {"C": pools[f"sqlite-h{size}"], "C'": pools[f"redis-h{size}"]}
-            cold = {key: asyncio.run(phases.closed_rounds(
-                [by_key[key]], pool.count, 1, pools={key: pool}))[key]
-                for key, pool in size_pools.items()}  # fmt: skip
+            cold = {key: asyncio.run(phases.cold_turns(by_key[key], pool))
+                    for key, pool in size_pools.items()}
             measured = asyncio.run(phases.closed_rounds(
                 chosen, self.plan.history_requests, self.plan.rounds, pools=size_pools,
             ))
@@ -460,9 +460,8 @@ class Run:
         resend = {"A": load.Resender(history, grow=False), "C": load.Resender(history),
                   "C'": load.Resender(history)}
         full_pools = {"C": pools[f"sqlite-f{size}"], "C'": pools[f"redis-f{size}"]}
-        cold = {key: asyncio.run(phases.closed_rounds(
-            [by_key[key]], pool.count, 1, pools={key: pool}, resend=resend))[key]
-            for key, pool in full_pools.items()}  # fmt: skip
+        cold = {key: asyncio.run(phases.cold_turns(by_key[key], pool, resend[key]))
+                for key, pool in full_pools.items()}
         measured = asyncio.run(phases.closed_rounds(
             [by_key[k] for k in ("A", "C", "C'")], self.plan.history_requests, self.plan.rounds,
             pools=full_pools, resend=resend))
