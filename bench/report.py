@@ -289,9 +289,8 @@ def render(r: dict[str, Any]) -> str:
               "cache holds them; a load reads the session's head only). **Cold**: the turn "
               "before, the first one on each session of the pool (the session is read and "
               "decoded from the store): what a turn costs after a restart, on another replica, "
-              "or once the cache has evicted the session; one turn at a time, each turn's CPU "
-              "read around it (and 20 ms after its reply, for the work it leaves running), the "
-              "median of the pool's turns.", ""]
+              "or once the cache has evicted the session; one turn at a time, back to back, each "
+              "turn's CPU read around it, the median of the pool's turns.", ""]
     rows = []
     for size, by in r["histories"].items():
         a = by["A"]["p50"]
