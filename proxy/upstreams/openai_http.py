@@ -261,8 +261,12 @@ class OpenAIUpstream:
             connector = aiohttp.TCPConnector(
                 limit=self._max_connections, keepalive_timeout=_KEEPALIVE_SECONDS
             )
+            # no cookie jar: the session is shared by every client of the proxy, and a
+            # cookie one answer sets (a provider's edge sets them) must not go out with
+            # another tenant's requests; a client's own Cookie header is forwarded as sent
             self._session = aiohttp.ClientSession(
-                connector=connector, trust_env=self._trust_env and environment_has_settings(),
+                connector=connector, cookie_jar=aiohttp.DummyCookieJar(),
+                trust_env=self._trust_env and environment_has_settings(),
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout),
                 skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept"),
             )

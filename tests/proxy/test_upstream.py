@@ -128,7 +128,8 @@ async def test_a_refused_connection_raises_upstream_connect_error() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]  # bound, never listening: connections are refused
-        async with OpenAIUpstream(f"http://127.0.0.1:{port}/v1") as client:
+        # by name, as a provider is reached (a cookie jar keeps nothing an IP address sets)
+        async with OpenAIUpstream(f"http://localhost:{port}/v1") as client:
             with pytest.raises(UpstreamConnectError) as raised:
                 await client.chat(chat_request())
 
@@ -188,6 +189,45 @@ async def test_a_finished_stream_releases_its_connection_for_reuse(
 
     assert fake.disconnects == 0
     assert len({r.client for r in fake.requests}) == 1  # one connection, reused
+
+
+async def test_a_cookie_one_answer_sets_is_never_sent_with_another_request() -> None:
+    """Providers' edges set cookies (Cloudflare's ``__cf_bm`` on api.openai.com): one
+    client's cookie must not ride along on every tenant's later requests."""
+    from aiohttp import web
+
+    seen: list[str | None] = []
+
+    async def completions(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("Cookie"))
+        response = web.json_response({
+            "id": "c", "object": "chat.completion", "model": "m", "choices": [{
+                "index": 0, "message": {"role": "assistant", "content": "ok"},
+                "finish_reason": "stop"}],
+        })
+        response.set_cookie("__cf_bm", "edge-cookie")
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", completions)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    await web.SockSite(runner, sock).start()
+    try:
+        # by name, as a provider is reached (a cookie jar keeps nothing an IP address sets)
+        async with OpenAIUpstream(f"http://localhost:{port}/v1") as client:
+            first = chat_request()
+            first.headers["Cookie"] = "session=the-clients-own"
+            await client.chat(first)
+            await client.chat(chat_request())
+    finally:
+        await runner.cleanup()
+
+    # a client's own Cookie header is forwarded as it came; the upstream's is not kept
+    assert seen == ["session=the-clients-own", None]
 
 
 async def test_a_slow_first_byte_raises_upstream_timeout(fake: FakeUpstream) -> None:
