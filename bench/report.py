@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import native
-import quality
+import quality_report
 from sampling import Profile
 
 # the throughput phase's extra row: C's own server with ``x-memory: off`` on every request
@@ -405,7 +405,7 @@ def render(r: dict[str, Any]) -> str:
                      "proxy CPU / request", "others / request", "idle"], rows)
 
     if "quality" in r:
-        lines += quality.render(r["quality"])
+        lines += quality_report.render(r["quality"])
     if r.get("cache"):
         lines += cache_section(r["cache"], with_targets=False)
 
