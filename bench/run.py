@@ -29,11 +29,13 @@ import phases
 import populate
 import quality
 import report
+import report_cache
 import sampling
 import servers
 from hostspeed import HostSpeed
 from load import SessionPool
 from phases import Target
+from report_format import HTTP_ONLY
 from servers import LITELLM_VENV, OUT, ROOT, TOOLS_VENV
 
 CONCURRENCIES = (1, 8, 32, 64)
@@ -169,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         measured = asyncio.run(prompt_cache_bench.measure(turns))
         OUT.mkdir(parents=True, exist_ok=True)
         (OUT / "cache.json").write_text(json.dumps(measured, indent=1))
-        output.write_text(report.with_cache_section(output.read_text(), measured))
+        output.write_text(report_cache.with_cache_section(output.read_text(), measured))
         return 0
     if args.report_only:
         Path(args.output).write_text(report.render(saved_results()))
@@ -324,13 +326,13 @@ class Run:
 
         self.step("throughput (wrk) at concurrency " + ", ".join(map(str, CONCURRENCIES)))
         # C's own server with memory off: what its HTTP path alone costs
-        http_only = Target(report.HTTP_ONLY, "C with `x-memory: off`", c_sqlite.url, c_sqlite,
+        http_only = Target(HTTP_ONLY, "C with `x-memory: off`", c_sqlite.url, c_sqlite,
                            headers={"x-memory": "off"})
         tput = phases.throughput([*targets, http_only], CONCURRENCIES, plan.throughput_seconds,
                                  env, plan.throughput_rounds, between=self.speed.probe)
         results["throughput"] = {c: {k: self.summary(m) for k, m in by.items()}
                                  for c, by in tput.items()}
-        results["max_rps"] = {k: phases.max_rps(tput, k) for k in [*by_key, report.HTTP_ONLY]}
+        results["max_rps"] = {k: phases.max_rps(tput, k) for k in [*by_key, HTTP_ONLY]}
 
         self.step("streams: time to first byte")
         sse = asyncio.run(phases.closed_rounds(targets, plan.sse_requests, plan.rounds,
