@@ -16,7 +16,7 @@ scored as a provider's cache would serve it (``score``):
 
 Effective input cost counts uncached tokens 1x, cached 0.1x and Anthropic's writes 1.25x,
 summarizer calls included. ``python bench/cache.py [--quick]`` prints the table;
-bench/run.py runs it as one phase and bench/report.py reports it.
+bench/run.py runs it as one phase and bench/report_cache.py reports it.
 """
 
 from __future__ import annotations
@@ -483,9 +483,9 @@ def main(argv: list[str] | None = None) -> int:
     results = asyncio.run(measure(turns, clients, not args.no_plain, rows))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
-    import report
+    import report_cache
 
-    print("\n".join(report.cache_section(results)))
+    print("\n".join(report_cache.cache_section(results)))
     return 0
 
 

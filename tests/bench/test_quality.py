@@ -12,6 +12,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 import conversations
 import quality
+import quality_report
+import quality_upstream
 
 
 def test_the_generator_is_deterministic_and_every_question_names_stored_evidence():
@@ -82,7 +84,7 @@ def test_a_locomo_format_file_is_read_with_its_sessions_dates_and_evidence(tmp_p
 
 
 def test_a_cache_hit_is_scored_with_openais_prefix_rule():
-    upstream = quality.Upstream()
+    upstream = quality_upstream.Upstream()
     long = {"role": "system", "content": "memory " * 1500}
     upstream({"messages": [long, {"role": "user", "content": "one"}]})
     upstream({"messages": [long, {"role": "user", "content": "one"},
@@ -105,4 +107,4 @@ def test_a_tiny_replay_measures_every_strategy_and_leaves_the_sessions_unchanged
     assert fits["recall_exact"] == 1.0 and fits["cache"]["requests"] > 0
     assert configs[("summarizing_window", "quarter")]["tokens_per_question"] < \
         fits["tokens_per_question"]
-    assert quality.render(results)[0] == quality.SECTION
+    assert quality_report.render(results)[0] == quality_report.SECTION
