@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from contract_support import KEY, assistant, load, user
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster as ClusterClient
 from redis_cluster import SentinelServer
 from redis_server import RedisServer
-from test_store_contract import KEY, assistant, load, user
 
 from storage import open_store
 from storage.base import StoreUnavailable

@@ -15,9 +15,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from contract_support import KEY, assistant, load, user
 from redis.asyncio import Redis
 from redis_server import RedisServer
-from test_store_contract import KEY, assistant, load, user
 
 from storage.base import StoreUnavailable
 from storage.redis import SOCKET_TIMEOUT, RedisStore

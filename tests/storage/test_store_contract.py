@@ -13,11 +13,11 @@ import signal
 import sqlite3
 import sys
 import time
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from contract_support import KEY, append, assistant, chains, conversation, load, message, tool, user
 from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
 from redis.crc import key_slot
@@ -35,59 +35,6 @@ from strategies.records import (
     TurnWrite,
     chain_hash,
 )
-
-KEY = SessionKey("ns-1", "agent-a", "session-1")
-
-
-def message(role: str, text: str, **fields: object) -> StoredMessage:
-    fingerprint = hashlib.sha1(f"{role}:{text}".encode()).hexdigest()
-    return StoredMessage(role=role, content=text, fingerprint=fingerprint, **fields)  # type: ignore[arg-type]
-
-
-def user(text: str) -> StoredMessage:
-    return message("user", text, tokens=len(text))
-
-
-def assistant(text: str, calls: Iterable[str] = ()) -> StoredMessage:
-    tool_calls = [
-        {"id": call, "type": "function", "function": {"name": "search", "arguments": "{}"}}
-        for call in calls
-    ]
-    return message("assistant", text, tokens=len(text), tool_calls=tool_calls or None)
-
-
-def tool(call_id: str, text: str) -> StoredMessage:
-    return message("tool", text, tokens=len(text), tool_call_id=call_id)
-
-
-def chains(messages: Iterable[StoredMessage], previous: str = "") -> list[str]:
-    out = []
-    for stored in messages:
-        previous = chain_hash(previous, stored.fingerprint)
-        out.append(previous)
-    return out
-
-
-async def append(
-    store: Store, *messages: StoredMessage, key: SessionKey = KEY, **write: object
-) -> list[int]:
-    result = await store.append_turn(key, TurnWrite(list(messages), **write))  # type: ignore[arg-type]
-    return result.seqs
-
-
-async def load(store: Store, *, key: SessionKey = KEY, **spec: object) -> list[str]:
-    snapshot = await store.load(key, LoadSpec(**spec))  # type: ignore[arg-type]
-    return [stored.content for stored in snapshot.messages]
-
-
-async def conversation(store: Store, turns: int) -> list[StoredMessage]:
-    sent = []
-    for i in range(turns):
-        pair = [user(f"question {i}"), assistant(f"answer {i}")]
-        await append(store, *pair)
-        sent += pair
-    return sent
-
 
 # --- loading ---------------------------------------------------------------------------
 
