@@ -290,6 +290,7 @@ async def test_redis_load_and_append_cost_one_round_trip_whatever_the_history_le
         key = SessionKey("ns", "agent", f"history-{length}")
         history = [message("user" if i % 2 else "assistant", f"m{i}") for i in range(length)]
         await redis_store.append_turn(key, TurnWrite(history))  # also warms the connection
+        await redis_store.load(key, LoadSpec())  # and the load script, on a server new to it
         await redis_client.config_resetstat()
 
         writes.clear()
