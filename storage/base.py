@@ -1,9 +1,9 @@
 """The Store port: where sessions, their message logs and summaries live.
 
-Every backend passes ``tests/storage/test_store_contract.py``, alone and behind the
-session cache (``storage/cached.py``). Each method is one store round trip (one SQLite
-transaction on the store's thread, one Redis script or pipeline), whatever the length of
-the history.
+Every backend passes the contract in ``tests/storage/test_store_*_contract.py``, alone and
+behind the session cache (``storage/cached.py``). Each method is one store round trip (one
+SQLite transaction on the store's thread, one Redis script or pipeline), whatever the length
+of the history.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""The Store contract: every test runs against every backend (see ``conftest.store``).
-
-The backend-specific sections at the end hold what only one backend can show: Redis round
-trips, hash tags and outages; SQLite durability on disk.
+"""What only one backend can show, beside the contract every backend keeps
+(``test_store_*_contract.py``): Redis round trips, hash tags and outages (no server, a server
+that stalls); SQLite durability on disk (closed and reopened, a writer killed with -9, a path
+it cannot use). The helpers are in ``contract_support.py``.
 """
 
 from __future__ import annotations
@@ -24,14 +24,9 @@ from redis_server import RedisServer, free_port, redis_server_available
 from storage.base import StoreUnavailable
 from storage.redis import SOCKET_TIMEOUT, RedisStore
 from storage.sqlite import SqliteStore
-from strategies.records import (
-    LoadSpec,
-    SessionKey,
-    SummaryRecord,
-    TurnWrite,
-)
+from strategies.records import LoadSpec, SessionKey, SummaryRecord, TurnWrite
 
-# --- Redis only --------------------------------------------------------------------------------
+# --- Redis only --------------------------------------------------------------------------
 
 INDEX_PREFIXES = (b"mp:agents", b"mp:agent:", b"mp:agentcfg:", b"mp:ns:")
 
@@ -149,7 +144,7 @@ async def test_a_stalled_redis_fails_a_request_within_the_socket_timeout() -> No
         await store.close()
 
 
-# --- SQLite only -------------------------------------------------------------------------------
+# --- SQLite only -------------------------------------------------------------------------
 
 
 async def test_sqlite_data_survives_close_and_reopen(tmp_path: Path) -> None:
