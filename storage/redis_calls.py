@@ -30,6 +30,9 @@ SCRIPTS = (
     "delete", "lock_acquire", "lock_release", "index_prune",
 )  # fmt: skip
 Command = tuple[Any, ...]
+# uvloop's error for an operation on a closed transport ("unable to perform operation on
+# <TCPTransport closed=True ...>; the handler is closed")
+CLOSED_TRANSPORT = "the handler is closed"
 
 
 def source(name: str) -> str:
@@ -91,6 +94,15 @@ class RedisCalls:
             reason = str(exc) or type(exc).__name__
             raise StoreUnavailable(
                 mask_url(f"redis at {self.url} is unavailable: {reason}")
+            ) from exc
+        except RuntimeError as exc:
+            if CLOSED_TRANSPORT not in str(exc):
+                raise
+            # uvloop refuses a write on a connection closed under the call (asyncio's loop
+            # drops it silently): a failover closing connections in use, as below. Nothing
+            # was sent on it
+            raise StoreUnavailable(
+                mask_url(f"redis at {self.url} is unavailable: a connection closed while in use")
             ) from exc
         except AttributeError as exc:
             if not self.cluster:

@@ -68,6 +68,37 @@ async def test_deleting_a_redis_session_leaves_no_key_behind(
     assert await redis_client.zcard(f"mp:agent:{KEY.agent}:sessions") == 0
 
 
+async def test_a_redis_connection_closed_under_a_write_fails_it_as_unavailable_and_stores_nothing(
+    redis_store: RedisStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failover closes connections calls are using; under uvloop the write on one raises
+    RuntimeError. The turn fails as the store being unavailable (a 503, which a client
+    retries), never as an internal error, and nothing of it is stored."""
+    await redis_store.append_turn(KEY, TurnWrite([user("first"), assistant("one")]))
+
+    async def closed(self: AbstractConnection, command: Any, check_health: bool = True) -> None:
+        raise RuntimeError(
+            "unable to perform operation on <TCPTransport closed=True reading=False "
+            "0x55dcb00b8940>; the handler is closed"
+        )
+
+    with monkeypatch.context() as patch:
+        patch.setattr(AbstractConnection, "send_packed_command", closed)
+        with pytest.raises(StoreUnavailable, match="closed while in use"):
+            await redis_store.append_turn(KEY, TurnWrite([user("second"), assistant("two")]))
+
+    assert [m.content for m in (await redis_store.load(KEY, LoadSpec())).messages] == [
+        "first", "one"]
+
+    async def broken(self: AbstractConnection, command: Any, check_health: bool = True) -> None:
+        raise RuntimeError("a defect, not a closed connection")
+
+    with monkeypatch.context() as patch:  # any other RuntimeError is not the store's state
+        patch.setattr(AbstractConnection, "send_packed_command", broken)
+        with pytest.raises(RuntimeError, match="a defect"):
+            await redis_store.append_turn(KEY, TurnWrite([user("third")]))
+
+
 async def test_redis_load_and_append_cost_one_round_trip_whatever_the_history_length(
     redis_store: RedisStore, redis_client: Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
