@@ -33,7 +33,7 @@ class TurnCost:
     store: str
     turns: int
     store_calls: dict[str, float] = field(default_factory=dict)
-    # Redis: packets of commands sent; SQLite: jobs and groups of appends (transactions)
+    # Redis: packets of commands sent; SQLite: jobs on the store's thread (transactions)
     round_trips: float = 0.0
     redis_commands: dict[str, float] = field(default_factory=dict)
     tokenized_chars: float = 0.0

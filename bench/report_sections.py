@@ -157,8 +157,8 @@ def inprocess_section(r: dict[str, Any]) -> list[str]:
     lines = ["## Store round trips and tokenizing per turn", "",
              "Counted in process (the app with its lifespan, requests through "
              "httpx.ASGITransport): Store method calls, round trips (Redis: command packets "
-             "sent, a pipeline is one; SQLite: store jobs and groups of appends, each one "
-             "transaction, run inline on the event loop), Redis commands from INFO "
+             "sent, a pipeline is one; SQLite: jobs sent to the store's thread, each one "
+             "transaction), Redis commands from INFO "
              "commandstats, and the text handed to tiktoken (roles and names are counted "
              "once per process). Averages over the measured turns, background work "
              "included.", ""]
