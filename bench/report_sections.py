@@ -141,7 +141,8 @@ def histories_section(r: dict[str, Any]) -> list[str]:
                         "C delta CPU/turn", "C cold CPU/turn", "C' warm p50 (added)",
                         "C' warm CPU/turn", "C' delta CPU/turn", "C' cold CPU/turn"], rows)
     lines += ["Windowed agent (`windowed`, windowSize 100): the same window, 100 vs 10,000 "
-              "stored messages.", ""]
+              "stored messages, on as many sessions at either size, each served once before "
+              "the measured turns (which are warm at both sizes).", ""]
     rows = []
     for k, w in r["window"].items():
         rows.append([k, f"{w['p50_100']:.2f}", f"{w['p50_10000']:.2f}",

@@ -27,8 +27,9 @@ def populate_pools(plan: Plan, sqlite_url: str, redis_url: str) -> dict[str, Ses
             pool = SessionPool(populate.DEFAULT_AGENT, f"f{size}", history_sessions(plan, size))
             wanted.append((f"{store}-f{size}", pool, size))
         for size in (100, 10000):
+            # as many sessions at either size, so both are measured in the same state
             pool = SessionPool(populate.WINDOWED_AGENT, f"w{size}",
-                               history_sessions(plan, size))
+                               history_sessions(plan, 10000))
             wanted.append((f"{store}-w{size}", pool, size))
         for name, pool, size in wanted:
             asyncio.run(populate.populate(url, pool.agent, pool.sessions(), size))
@@ -99,6 +100,9 @@ def windowed(plan: Plan, by_key: dict[str, Target], pools: dict[str, SessionPool
         small = Target(f"{key} 100", "", target.base_url, target.server, pools[f"{store}-w100"])
         large = Target(f"{key} 10000", "", target.base_url, target.server,
                        pools[f"{store}-w10000"])
+        for side in (small, large):  # each session served once: the rounds are warm turns
+            assert side.pool is not None
+            asyncio.run(phases.cold_turns(side, side.pool))
         measured = asyncio.run(phases.closed_rounds(
             [by_key["A"], small, large], plan.history_requests, plan.rounds))
         a, s, la = measured["A"], measured[small.key], measured[large.key]
