@@ -263,15 +263,14 @@ async def closed_loop(
 
 async def one_turn_each(
     base_url: str, pool: SessionPool, cpu: Callable[[], float], *,
-    resend: Resender | None = None, settle: float = 0.0,
+    resend: Resender | None = None,
 ) -> tuple[LoadResult, list[float]]:
-    """One turn on every session of ``pool``, in order, one at a time, and the server's
-    CPU for each (``cpu``: its CPU seconds so far), read before the request and ``settle``
-    seconds after the reply. With no settle the turns go back to back, as in
-    ``closed_loop``, and what a turn leaves running lands in the next one's: a pause after
-    each turn makes the next one dearer on a VM (an idle vCPU's caches go cold: a cold
-    turn on 1 stored message measured 0.8 ms back to back, 2.1 ms 20 ms apart). The
-    connection is opened with a ``GET /health`` first, outside every turn."""
+    """One turn on every session of ``pool``, in order, back to back, and the server's CPU
+    for each (``cpu``: its CPU seconds so far), read around the request. What a turn leaves
+    running lands in the next one's, as in ``closed_loop``: a pause after each turn would
+    make the next one dearer on a VM (an idle vCPU's caches go cold: a cold turn on 1
+    stored message measured 0.8 ms back to back, 2.1 ms 20 ms apart). The connection is
+    opened with a ``GET /health`` first, outside every turn."""
     body = turn_body()
     result = LoadResult()
     per_turn: list[float] = []
@@ -287,7 +286,6 @@ async def one_turn_each(
                 reply = await resp.read()
                 ok = resp.status == 200
             elapsed = time.perf_counter() - started
-            await asyncio.sleep(settle)
             per_turn.append(cpu() - before)
             result.requests += 1
             if not ok:

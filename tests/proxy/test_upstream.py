@@ -12,6 +12,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from aiohttp import web
 
 from proxy.errors import UpstreamConnectError, UpstreamStatusError, UpstreamTimeout
 from proxy.surfaces.chat_reply import ReplyAccumulator
