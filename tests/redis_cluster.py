@@ -17,7 +17,6 @@ test's time; ``cluster-require-full-coverage no`` keeps the other slots serving 
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -25,10 +24,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from ports import free_port
 from redis import Redis
 from redis.crc import key_slot
 from redis.exceptions import RedisError
-from redis_server import REDIS_SERVER, RedisServer, free_port
+from redis_server import REDIS_SERVER, RedisServer
 
 REDIS_CLI = shutil.which("redis-cli") or "/usr/bin/redis-cli"
 NODE_TIMEOUT_MS = 1000
@@ -85,7 +85,7 @@ class RedisCluster:
         for index in range(masters * 2):
             folder = self.root / f"node-{index}"
             folder.mkdir()
-            self.nodes.append(ClusterNode(_free_cluster_port(), folder, node_timeout_ms))
+            self.nodes.append(ClusterNode(free_port(bus=True), folder, node_timeout_ms))
 
     @property
     def url(self) -> str:
@@ -197,20 +197,6 @@ class SentinelServer(RedisServer):
 
 def _covered(ranges: list[tuple[int, int, int]]) -> bool:
     return sum(last - first + 1 for first, last, _ in ranges) == 16384
-
-
-def _free_cluster_port() -> int:
-    """A free port whose cluster bus port (port + 10000) is free as well."""
-    while True:
-        port = free_port()
-        if port + 10000 > 65535:
-            continue
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port + 10000))
-            except OSError:
-                continue
-        return port
 
 
 __all__ = ["REDIS_SERVER", "ClusterNode", "RedisCluster", "SentinelServer"]

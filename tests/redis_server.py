@@ -21,14 +21,9 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+from ports import free_port
+
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
-
-
-def free_port() -> int:
-    """A loopback TCP port nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def redis_server_available() -> bool:

@@ -24,12 +24,6 @@ import uvicorn
 Scope = MutableMapping[str, Any]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class ThreadedServer:
     def __init__(self, app: Any, port: int | None = None, *, lifespan: str = "on",
                  interface: str = "auto") -> None:

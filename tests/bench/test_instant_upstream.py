@@ -15,7 +15,7 @@ import httpx
 import openai
 import orjson
 import pytest
-from servers import free_port
+from ports import free_port
 
 from proxy.testing.fake_upstream import FakeUpstream
 from proxy.upstreams.sse import parse_sse

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from servers import free_port
+from ports import free_port
 
 from proxy.banner import startup_lines
 from proxy.settings import Settings

@@ -17,8 +17,8 @@ import httpx
 import openai
 import pytest
 from e2e import CLIENT_KEY, write_agent
+from ports import free_port
 from redis_server import flush_redis
-from servers import free_port
 
 from proxy.testing.fake_upstream import FakeUpstream, Reply
 from proxy.turn.identity import namespace_for

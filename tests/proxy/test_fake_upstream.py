@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import subprocess
 import sys
 import threading
@@ -16,6 +15,7 @@ import httpx
 import openai
 import orjson
 import pytest
+from ports import free_port
 
 from proxy.surfaces.chat_reply import ReplyAccumulator
 from proxy.testing.fake_upstream import FakeUpstream, Reply, count_tokens_roughly
@@ -269,14 +269,8 @@ async def test_the_token_counter_is_pluggable() -> None:
     assert response.json()["usage"]["prompt_tokens"] == 1234
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def test_the_module_serves_standalone_from_the_command_line() -> None:
-    port = _free_port()
+    port = free_port()
     process = subprocess.Popen(
         [
             sys.executable, "-m", "proxy.testing.fake_upstream",

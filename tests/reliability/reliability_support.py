@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from redis_server import free_port
+from ports import free_port
 from soak import SOAK, scaled
 
 __all__ = ["SOAK", "scaled"]  # the reliability tests import them from here

@@ -23,7 +23,8 @@ from pathlib import Path
 import httpx
 import pytest
 from e2e import ADMIN_TOKEN, CLIENT_KEY
-from redis_server import RedisServer, free_port
+from ports import free_port
+from redis_server import RedisServer
 from reliability_support import ProxyProcess, report, scaled
 from servers import ThreadedServer
 

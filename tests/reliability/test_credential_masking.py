@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 from e2e import CLIENT_KEY
-from redis_server import free_port
+from ports import free_port
 from reliability_support import ProxyProcess, is_openai_error
 
 from storage.redact import mask_url

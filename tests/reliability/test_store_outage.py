@@ -16,7 +16,8 @@ import httpx
 import openai
 import pytest
 from e2e import CLIENT_KEY, RunningProxy
-from redis_server import RedisServer, free_port
+from ports import free_port
+from redis_server import RedisServer
 from reliability_support import is_openai_error, report
 
 from proxy.testing.fake_upstream import FakeUpstream, Reply

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 from e2e import CLIENT_KEY, RunningProxy
-from redis_server import free_port
+from ports import free_port
 from reliability_support import is_openai_error, report
 
 from proxy.testing.fake_upstream import FakeUpstream, Reply

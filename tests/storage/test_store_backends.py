@@ -16,10 +16,11 @@ from typing import Any
 
 import pytest
 from contract_support import KEY, append, assistant, chains, load, message, tool, user
+from ports import free_port
 from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
 from redis.crc import key_slot
-from redis_server import RedisServer, free_port, redis_server_available
+from redis_server import RedisServer, redis_server_available
 
 from storage.base import StoreUnavailable
 from storage.redis import SOCKET_TIMEOUT, RedisStore
