@@ -49,8 +49,11 @@ async def write_turns(client: httpx.AsyncClient, base: str, writer: int) -> int:
 
 
 async def run_writers(bases: list[str]) -> int:
-    # idle connections retire well before the server's 5 s keep-alive closes them
-    limits = httpx.Limits(max_connections=WRITERS * 2, keepalive_expiry=1.0)
+    # a connection per request: a request sent on a kept-alive connection just as the
+    # server's keep-alive timer closes it fails with no reply (the race every HTTP client
+    # retries). With a hundred turns in flight on two cores a server's loop can lag past
+    # that timer, and a POST is not retried here: each turn must be stored exactly once
+    limits = httpx.Limits(max_connections=WRITERS * 2, max_keepalive_connections=0)
     async with httpx.AsyncClient(timeout=60, limits=limits,
                                  headers={"Authorization": f"Bearer {CLIENT_KEY}"}) as client:
         done = await asyncio.gather(*(
