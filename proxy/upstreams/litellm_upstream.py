@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import importlib
+import logging
 import os
 import warnings
 from collections.abc import Iterator
@@ -23,6 +24,8 @@ from proxy.errors import UpstreamConnectError, UpstreamStatusError, UpstreamTime
 from proxy.upstreams.base import SSEEvent, UpstreamRequest, UpstreamResponse
 
 __all__ = ["LitellmStream", "LitellmUpstream", "prepare_litellm_env"]
+
+log = logging.getLogger(__name__)
 
 _DONE = SSEEvent(raw=b"data: [DONE]\n\n", data=b"[DONE]")
 _JSON_HEADERS = {"content-type": "application/json"}
@@ -57,6 +60,25 @@ def import_litellm() -> Any:
     warnings.filterwarnings("ignore", message=_READONLY_WARNING, category=UserWarning)
     litellm.suppress_debug_info = True  # no "Give Feedback / Get Help" banner per error
     return litellm
+
+
+def client_without_cookies() -> Any:
+    """litellm's own client for OpenAI-compatible providers (openai/, azure/, groq/...),
+    with the jar litellm gives its other clients: one that keeps no cookie. The client
+    litellm builds by itself is shared by every caller with the same key and keeps the
+    cookies responses set, so a provider edge's cookie (Cloudflare's ``__cf_bm``) from one
+    tenant's call would ride on every other tenant's. None, with a warning, when this
+    litellm has no such client."""
+    try:
+        from litellm.llms.custom_httpx.http_handler import blocked_cookie_jar
+        from litellm.llms.openai.common_utils import BaseOpenAILLM
+
+        client: Any = BaseOpenAILLM._get_async_http_client()
+        client.cookies = blocked_cookie_jar()
+    except (ImportError, AttributeError) as exc:
+        log.warning("litellm's OpenAI-compatible clients keep response cookies (%s)", exc)
+        return None
+    return client
 
 
 def _error_body(exc: Exception, status: int) -> bytes:
@@ -147,6 +169,11 @@ class LitellmUpstream:
     application (or a test) may pass one of its own: what is used of it is
     ``acompletion``, ``validate_environment`` and its exception classes
     (``translate_errors``).
+
+    The module imported here gets, from ``start()`` to ``close()``, this upstream's client
+    for its OpenAI-compatible providers (``litellm.aclient_session``, litellm's setting for
+    it): one that keeps no cookies (``client_without_cookies``). ``close()`` closes it and
+    drops the provider clients litellm cached on it.
     """
 
     def __init__(
@@ -164,13 +191,26 @@ class LitellmUpstream:
         self.timeout = timeout
         self._litellm: Any = litellm
         self._env_keys: dict[str, bool] = {}
+        self._client: Any = None
 
     async def start(self) -> None:
-        if self._litellm is None:
-            self._litellm = await asyncio.to_thread(import_litellm)
+        if self._litellm is not None:
+            return
+        litellm = await asyncio.to_thread(import_litellm)
+        self._client = client_without_cookies()
+        if self._client is not None:
+            litellm.aclient_session = self._client
+        self._litellm = litellm
 
     async def close(self) -> None:
-        """Nothing to close: litellm keeps its own client cache."""
+        client, self._client = self._client, None
+        if client is None:
+            return
+        if self._litellm.aclient_session is client:
+            self._litellm.aclient_session = None
+        # litellm caches the provider clients it built on this one (an hour, by key)
+        self._litellm.in_memory_llm_clients_cache.flush_cache()
+        await client.aclose()
 
     def _kwargs(self, request: UpstreamRequest) -> dict[str, Any]:
         kwargs = {k: v for k, v in request.body.items() if k not in ("stream", "stream_options")}

@@ -8,6 +8,7 @@ import json
 import socket
 import threading
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from types import SimpleNamespace
 from typing import Any
 
@@ -192,19 +193,19 @@ async def test_a_finished_stream_releases_its_connection_for_reuse(
     assert len({r.client for r in fake.requests}) == 1  # one connection, reused
 
 
-async def test_a_cookie_one_answer_sets_is_never_sent_with_another_request() -> None:
-    """Providers' edges set cookies (Cloudflare's ``__cf_bm`` on api.openai.com): one
-    client's cookie must not ride along on every tenant's later requests."""
-    from aiohttp import web
-
-    seen: list[str | None] = []
+@asynccontextmanager
+async def cookie_setting_upstream(seen: list[str | None]) -> AsyncIterator[str]:
+    """An OpenAI-compatible upstream whose every answer sets a cookie, as providers' edges
+    do (Cloudflare's ``__cf_bm`` on api.openai.com); ``seen`` gets each request's Cookie
+    header. Its base URL is by name, as a provider is reached (a cookie jar keeps nothing
+    an IP address sets)."""
 
     async def completions(request: web.Request) -> web.Response:
         seen.append(request.headers.get("Cookie"))
         response = web.json_response({
-            "id": "c", "object": "chat.completion", "model": "m", "choices": [{
-                "index": 0, "message": {"role": "assistant", "content": "ok"},
-                "finish_reason": "stop"}],
+            "id": "c", "object": "chat.completion", "created": 0, "model": "m",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
+                         "finish_reason": "stop"}],
         })
         response.set_cookie("__cf_bm", "edge-cookie")
         return response
@@ -215,20 +216,38 @@ async def test_a_cookie_one_answer_sets_is_never_sent_with_another_request() -> 
     await runner.setup()
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
     await web.SockSite(runner, sock).start()
     try:
-        # by name, as a provider is reached (a cookie jar keeps nothing an IP address sets)
-        async with OpenAIUpstream(f"http://localhost:{port}/v1") as client:
-            first = chat_request()
-            first.headers["Cookie"] = "session=the-clients-own"
-            await client.chat(first)
-            await client.chat(chat_request())
+        yield f"http://localhost:{sock.getsockname()[1]}/v1"
     finally:
         await runner.cleanup()
 
+
+async def test_a_cookie_one_answer_sets_is_never_sent_with_another_request() -> None:
+    """One client's cookie must not ride along on every tenant's later requests."""
+    seen: list[str | None] = []
+    async with cookie_setting_upstream(seen) as base, OpenAIUpstream(base) as client:
+        first = chat_request()
+        first.headers["Cookie"] = "session=the-clients-own"
+        await client.chat(first)
+        await client.chat(chat_request())
+
     # a client's own Cookie header is forwarded as it came; the upstream's is not kept
     assert seen == ["session=the-clients-own", None]
+
+
+async def test_a_cookie_one_answer_sets_is_never_sent_with_another_litellm_request() -> None:
+    """The same through litellm's client for OpenAI-compatible providers (one per key,
+    shared by every tenant the key serves)."""
+    seen: list[str | None] = []
+    async with cookie_setting_upstream(seen) as base:
+        upstream = LitellmUpstream(api_key="sk-shared", api_base=base)
+        await upstream.start()
+        for _ in range(2):
+            await upstream.chat(UpstreamRequest({"model": "openai/m", "messages": MESSAGES}))
+        await upstream.close()
+
+    assert seen == [None, None]
 
 
 async def test_a_slow_first_byte_raises_upstream_timeout(fake: FakeUpstream) -> None:
