@@ -1,8 +1,8 @@
-"""What the Store contract's modules on turns, reads and sessions
-(``test_store_{turns,reads,sessions}_contract.py``) and the backend-specific tests
-(``test_store_backends.py``, the Redis index and deployment tests) build their sessions from:
-one session key, messages with the fingerprints a client's history would give them, their
-chain hashes, and an append and a load that read as the turn they stand for.
+"""What the Store contract's modules (``test_store_*_contract.py``,
+``test_store_versions.py``) and the backend-specific tests (``test_store_backends.py``, the
+Redis index and deployment tests) build their sessions from: one session key, messages
+with the fingerprints a client's history would give them, their chain hashes, and an
+append and a load that read as the turn they stand for.
 """
 
 from __future__ import annotations

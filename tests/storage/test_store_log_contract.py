@@ -4,26 +4,20 @@ session's messages (``search_messages``). Every test runs against every backend 
 
 from __future__ import annotations
 
-import hashlib
 import sqlite3
 from pathlib import Path
 
+from contract_support import KEY, assistant, message, user
+
 from storage.base import Store
 from storage.sqlite import SqliteStore
-from strategies.records import SessionKey, StoredMessage, TurnWrite
+from strategies.records import SessionKey, TurnWrite
 
-KEY = SessionKey("ns-1", "agent-a", "session-1")
 OTHER = SessionKey("ns-1", "agent-a", "session-2")
 
 
-def message(role: str, text: str, **fields: object) -> StoredMessage:
-    fingerprint = hashlib.sha1(f"{role}:{text}".encode()).hexdigest()
-    return StoredMessage(role=role, content=text, tokens=len(text), fingerprint=fingerprint,  # type: ignore[arg-type]
-                         **fields)  # type: ignore[arg-type]
-
-
 async def append(store: Store, *texts: str, key: SessionKey = KEY, **write: object) -> list[int]:
-    messages = [message("user" if i % 2 == 0 else "assistant", t) for i, t in enumerate(texts)]
+    messages = [(user if i % 2 == 0 else assistant)(t) for i, t in enumerate(texts)]
     result = await store.append_turn(key, TurnWrite(messages, **write))  # type: ignore[arg-type]
     return result.seqs
 
@@ -98,7 +92,7 @@ async def test_search_reads_the_original_of_a_compressed_message(store: Store) -
 async def test_search_finds_tool_call_arguments(store: Store) -> None:
     call = {"id": "c1", "type": "function",
             "function": {"name": "lookup", "arguments": '{"city": "Reykjavik"}'}}
-    write = TurnWrite([message("user", "weather?"), message("assistant", "", tool_calls=[call])])
+    write = TurnWrite([user("weather?"), message("assistant", "", tool_calls=[call])])
     await store.append_turn(KEY, write)
     (found,) = await store.search_messages(KEY, ["reykjavik"])
     assert found.seq == 2

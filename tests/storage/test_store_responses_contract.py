@@ -4,22 +4,15 @@ and with the session."""
 
 from __future__ import annotations
 
-import hashlib
+from contract_support import KEY, assistant, user
 
 from storage.base import Store
-from strategies.records import SessionKey, StoredMessage, TurnWrite
-
-KEY = SessionKey("ns-1", "agent-a", "session-1")
-
-
-def message(role: str, text: str) -> StoredMessage:
-    fingerprint = hashlib.sha1(f"{role}:{text}".encode()).hexdigest()
-    return StoredMessage(role=role, content=text, fingerprint=fingerprint)  # type: ignore[arg-type]
+from strategies.records import SessionKey, TurnWrite
 
 
 async def turn(store: Store, response_id: str | None, *texts: str, key: SessionKey = KEY,
                **write: object) -> list[int]:
-    messages = [message("user" if i % 2 == 0 else "assistant", t) for i, t in enumerate(texts)]
+    messages = [(user if i % 2 == 0 else assistant)(t) for i, t in enumerate(texts)]
     result = await store.append_turn(
         key, TurnWrite(messages, response_id=response_id, **write)  # type: ignore[arg-type]
     )

@@ -5,22 +5,16 @@ head (the session cache's precondition, storage/cached.py). Runs against every b
 
 from __future__ import annotations
 
-import hashlib
+from contract_support import KEY, assistant, user
 
 from storage.base import Store
-from strategies.records import LoadSpec, SessionKey, StoredMessage, SummaryRecord, TurnWrite
+from strategies.records import LoadSpec, SummaryRecord, TurnWrite
 
-KEY = SessionKey("ns-1", "agent-a", "session-1")
 SPEC = LoadSpec(limit=100)
 
 
-def message(role: str, text: str) -> StoredMessage:
-    fingerprint = hashlib.sha1(f"{role}:{text}".encode()).hexdigest()
-    return StoredMessage(role=role, content=text, tokens=len(text), fingerprint=fingerprint)  # type: ignore[arg-type]
-
-
 async def turn(store: Store, index: int, **write: object) -> int:
-    pair = [message("user", f"question {index}"), message("assistant", f"answer {index}")]
+    pair = [user(f"question {index}"), assistant(f"answer {index}")]
     result = await store.append_turn(KEY, TurnWrite(pair, **write))  # type: ignore[arg-type]
     return result.meta.version
 
