@@ -55,7 +55,7 @@ class Clock:
     """CPU time (every thread of this process) spent inside the wrapped calls, by name."""
 
     def __init__(self) -> None:
-        self.spent: collections.Counter[str] = collections.Counter()
+        self.spent: collections.defaultdict[str, float] = collections.defaultdict(float)
         self.calls: collections.Counter[str] = collections.Counter()
 
     def wrap_async(self, name: str, function: Callable[..., Any]) -> Callable[..., Any]:

@@ -190,7 +190,7 @@ def generate_conversation(seed: int, *, sessions: int = 16, turns: int = 18,
     multi_at = (rng.randint(1, sessions // 3), rng.randint(sessions // 2, sessions - 1))
     update_at = (rng.randint(1, sessions // 2), rng.randint(sessions // 2 + 1, sessions))
     for number in range(1, sessions + 1):
-        tool = None
+        tool: dict[str, Any] | None = None
         if tool_every and number % tool_every == 0:
             order = str(rng.randint(100000, 999999))
             city = rng.choice(_CITIES)

@@ -81,9 +81,8 @@ def patched(counting: Counting) -> Iterator[None]:
 
     from storage.sqlite import SqliteStore
 
-    saved = (AbstractConnection.send_packed_command, SqliteStore._run,
-             tiktoken.core.Encoding.encode_ordinary, tiktoken.core.Encoding.encode)
-    send, run, encode_ordinary, encode = saved
+    send, run = AbstractConnection.send_packed_command, SqliteStore._run
+    encode_ordinary, encode = tiktoken.core.Encoding.encode_ordinary, tiktoken.core.Encoding.encode
 
     async def send_packed_command(self: Any, command: Any, check_health: bool = True) -> None:
         counting.round_trips += 1
@@ -110,8 +109,10 @@ def patched(counting: Counting) -> Iterator[None]:
     try:
         yield
     finally:
-        (AbstractConnection.send_packed_command, SqliteStore._run,
-         tiktoken.core.Encoding.encode_ordinary, tiktoken.core.Encoding.encode) = saved
+        AbstractConnection.send_packed_command = send  # type: ignore[method-assign]
+        SqliteStore._run = run  # type: ignore[method-assign]
+        tiktoken.core.Encoding.encode_ordinary = encode_ordinary  # type: ignore[method-assign]
+        tiktoken.core.Encoding.encode = encode  # type: ignore[method-assign]
 
 
 @dataclass

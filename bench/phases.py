@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -111,7 +112,7 @@ def latency_rounds(
     for index in range(rounds):
         order = targets[index % len(targets):] + targets[: index % len(targets)]
         for target in order:
-            out[target.key].add(*charged(target, lambda t=target: wrk_run(t, 1, seconds, env_cpus)))
+            out[target.key].add(*charged(target, partial(wrk_run, target, 1, seconds, env_cpus)))
     return out
 
 
@@ -136,7 +137,7 @@ def throughput(
             order = targets[index % len(targets):] + targets[: index % len(targets)]
             for target in order:
                 out[concurrency][target.key].add(*charged(
-                    target, lambda t=target, c=concurrency: wrk_run(t, c, seconds, env_cpus)
+                    target, partial(wrk_run, target, concurrency, seconds, env_cpus)
                 ))
             if between is not None:
                 between()
@@ -155,7 +156,7 @@ def max_rps(by_concurrency: dict[int, dict[str, Measured]], key: str) -> tuple[f
 
 async def closed_rounds(
     targets: list[Target], requests: int, rounds: int, *, stream: bool = False,
-    pools: dict[str, SessionPool | None] | None = None,
+    pools: Mapping[str, SessionPool | None] | None = None,
     resend: dict[str, load.Resender] | None = None,
 ) -> dict[str, Measured]:
     """The aiohttp client at concurrency 1, ``requests`` per target split into rounds

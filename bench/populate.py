@@ -12,7 +12,7 @@ import asyncio
 import functools
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from proxy.turn.history_sync import fingerprint
 from proxy.turn.identity import namespace_for
@@ -67,7 +67,7 @@ def history(count: int, start: int = 0) -> list[StoredMessage]:
     """``count`` alternating user/assistant messages (user first), distinct texts."""
     out = []
     for index in range(start, start + count):
-        role = "user" if index % 2 == 0 else "assistant"
+        role: Literal["user", "assistant"] = "user" if index % 2 == 0 else "assistant"
         text = (USER_TEXT if role == "user" else ASSISTANT_TEXT).format(i=index // 2)
         message: dict[str, Any] = {"role": role, "content": text}
         out.append(StoredMessage(

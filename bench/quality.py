@@ -38,6 +38,7 @@ from typing import Any
 import _paths  # noqa: F401  (the repository's packages)
 import httpx
 from conversations import Conversation, generate, read_locomo
+from pydantic import SecretStr
 from quality_report import render, targets, write_section
 from quality_score import Score, allowed_index, distance_name
 from quality_upstream import MODEL, Upstream, first_sentence
@@ -112,6 +113,7 @@ class Replay:
             calls = reply["choices"][0]["message"].get("tool_calls")
             if calls:
                 turn = tools[calls[0]["id"]]
+                assert turn.tool is not None  # the turns that call a tool carry it
                 await self.post(conversation, [{"role": "tool", "tool_call_id": calls[0]["id"],
                                                 "content": turn.tool["result"]}])
             for message in group:
@@ -278,7 +280,7 @@ async def measure_async(conversations: list[Conversation], source: str = "",
         agents.mkdir()
         configs = write_agents(agents, windows, strategies)
         settings = Settings(store_url=f"sqlite:///{tmp}/quality.db", upstream_url=fake.url,
-                            agents_dir=agents, admin_token=ADMIN, log_level="warning",
+                            agents_dir=agents, admin_token=SecretStr(ADMIN), log_level="warning",
                             # replayed in seconds: the hourly budget would stop summaries a
                             # live conversation spread over days would get
                             summarizer_calls_per_hour=100_000)

@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import _paths  # noqa: F401
@@ -36,7 +37,7 @@ HEADERS = {"authorization": "Bearer sk-bench"}
 async def run_case(case: str, fake: FakeResponsesUpstream, turns: int) -> tuple[float, float]:
     with tempfile.TemporaryDirectory() as tmp:
         settings = Settings(store_url=f"sqlite:///{tmp}/m.db", upstream_url=fake.url,
-                            agents_dir=tmp,
+                            agents_dir=Path(tmp),
                             responses_api="chat" if case == "responses-to-chat" else "auto")
         app = create_app(settings)
         transport = httpx.ASGITransport(app=app)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import statistics
 import sys
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING
 
 import phases
@@ -64,9 +65,8 @@ def measure_workers(run: Run, targets: dict[int, Target], fake: servers.Server,
             for count, target in targets.items():
                 others = store_cpu() + fake.cpu_seconds() + reaped_children_cpu()
                 idle, total = idle_ticks()
-                result, cpu, _ = phases.charged(
-                    target, lambda t=target, c=concurrency: phases.wrk_run(
-                        t, c, run.plan.workers_seconds, run.env_cpus))
+                result, cpu, _ = phases.charged(target, partial(
+                    phases.wrk_run, target, concurrency, run.plan.workers_seconds, run.env_cpus))
                 idle_after, total_after = idle_ticks()
                 cells[count][concurrency].append(
                     {"rps": result.rps, "p50": result.p50, "p99": result.p99,

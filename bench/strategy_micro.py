@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,7 @@ def build_cases() -> list[tuple[str, Callable[[str], Any]]]:
     from strategies.config import (
         AutoCompactConfig,
         FullConfig,
+        MemoryConfig,
         SummarizingWindowConfig,
         WindowedConfig,
     )
@@ -74,7 +76,7 @@ def build_cases() -> list[tuple[str, Callable[[str], Any]]]:
     from strategies.tokens import cached_counter, count_message
 
     model = populate.MODEL
-    configs = {
+    configs: dict[str, MemoryConfig] = {
         "summarizing_window": SummarizingWindowConfig(),
         "windowed": WindowedConfig(windowSize=100),
         "full": FullConfig(),
@@ -251,10 +253,10 @@ def measure(*, repeats: int, min_seconds: float, only: str | None) -> list[dict[
             )
             window = strategy.select(ctx)
             select_s = best_per_call(
-                lambda s=strategy, c=ctx: s.select(c), repeats=repeats, min_seconds=min_seconds
+                partial(strategy.select, ctx), repeats=repeats, min_seconds=min_seconds
             )
             map_s = best_per_call(
-                lambda w=window, m=mapping: mapper.map(w, SYSTEM_PROMPT, m),
+                partial(mapper.map, window, SYSTEM_PROMPT, mapping),
                 repeats=repeats,
                 min_seconds=min_seconds,
             )

@@ -55,7 +55,7 @@ class Reply:
     raw_body: bytes | None = None  # answered as it is, whatever the request (``Reply.raw``)
     content_type: str = "application/json"
     finish_reason: str | None = None
-    usage: dict[str, int] | None = None
+    usage: dict[str, Any] | None = None
     first_token_delay: float = 0.0
     delay_between_chunks: float = 0.0
     cut_after_chunks: int | None = None
@@ -69,7 +69,7 @@ class Reply:
     @classmethod
     def text(
         cls, text: str, *, delay_between_chunks: float = 0.0, first_token_delay: float = 0.0,
-        finish_reason: str = "stop", usage: dict[str, int] | None = None, linger: float = 0.0,
+        finish_reason: str = "stop", usage: dict[str, Any] | None = None, linger: float = 0.0,
         until: threading.Event | None = None,
     ) -> Reply:
         """Assistant text; streamed one word per chunk. With ``until``, the reply waits

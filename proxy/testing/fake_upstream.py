@@ -26,7 +26,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 import orjson
 import uvicorn
@@ -110,7 +110,7 @@ class FakeUpstream:
     # ---- script and records (called from the test's thread) ----
 
     @classmethod
-    def running(cls, **kwargs: Any) -> FakeUpstream:
+    def running(cls, **kwargs: Any) -> Self:
         """A fake that starts on ``with``/``async with`` and stops on exit."""
         return cls(**kwargs)
 
@@ -341,7 +341,7 @@ class FakeUpstream:
             server.should_exit = True
             thread.join(10)
 
-    def __enter__(self) -> FakeUpstream:
+    def __enter__(self) -> Self:
         self.start()
         return self
 
@@ -349,7 +349,7 @@ class FakeUpstream:
                  tb: TracebackType | None) -> None:
         self.stop()
 
-    async def __aenter__(self) -> FakeUpstream:
+    async def __aenter__(self) -> Self:
         await asyncio.to_thread(self.start)
         return self
 
