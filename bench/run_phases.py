@@ -122,6 +122,8 @@ class Run:
         self.step("warm-up")
         phases.warm_up(targets, env)
 
+        # the phases whose figures have absolute bounds and little margin come first
+        # (latency, time to first byte, the cold turn), throughput after them
         self.step("latency at concurrency 1 (wrk, interleaved rounds)")
         latency = phases.latency_rounds(targets, plan.rounds, plan.round_seconds, env)
         results["latency"] = {k: self.summary(m) for k, m in latency.items()}
@@ -129,16 +131,6 @@ class Run:
             k: {"p50": phases.added_p50(latency, k), "p99": phases.added_p50(latency, k, "p99")}
             for k in by_key if k != "A"
         }
-
-        self.step("throughput (wrk) at concurrency " + ", ".join(map(str, CONCURRENCIES)))
-        # C's own server with memory off: what its HTTP path alone costs
-        http_only = Target(HTTP_ONLY, "C with `x-memory: off`", c_sqlite.url, c_sqlite,
-                           headers={"x-memory": "off"})
-        tput = phases.throughput([*targets, http_only], CONCURRENCIES, plan.throughput_seconds,
-                                 env, plan.throughput_rounds, between=self.speed.probe)
-        results["throughput"] = {c: {k: self.summary(m) for k, m in by.items()}
-                                 for c, by in tput.items()}
-        results["max_rps"] = {k: phases.max_rps(tput, k) for k in [*by_key, HTTP_ONLY]}
 
         self.step("streams: time to first byte")
         sse = asyncio.run(phases.closed_rounds(targets, plan.sse_requests, plan.rounds,
@@ -151,6 +143,16 @@ class Run:
         self.step("histories of " + ", ".join(map(str, HISTORIES)) + " stored messages")
         results["histories"] = run_histories.histories(plan, by_key, pools)
         results["window"] = run_histories.windowed(plan, by_key, pools)
+
+        self.step("throughput (wrk) at concurrency " + ", ".join(map(str, CONCURRENCIES)))
+        # C's own server with memory off: what its HTTP path alone costs
+        http_only = Target(HTTP_ONLY, "C with `x-memory: off`", c_sqlite.url, c_sqlite,
+                           headers={"x-memory": "off"})
+        tput = phases.throughput([*targets, http_only], CONCURRENCIES, plan.throughput_seconds,
+                                 env, plan.throughput_rounds, between=self.speed.probe)
+        results["throughput"] = {c: {k: self.summary(m) for k, m in by.items()}
+                                 for c, by in tput.items()}
+        results["max_rps"] = {k: phases.max_rps(tput, k) for k in [*by_key, HTTP_ONLY]}
         results["pool_turns"] = {k: p.turns_per_session() for k, p in
                                  (("sqlite", pools["sqlite"]), ("redis", pools["redis"]))}
 
